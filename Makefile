@@ -1,0 +1,45 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+# Both bootstrap .venv themselves; nothing relies on what was installed by hand.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup test demo lint bench bench-quick bench-deps policy-docs clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+demo: setup
+	$(PY) -m proxy.demo
+
+lint: setup
+	$(PY) -m ruff check proxy client_sdk tests bench
+
+policy-docs: setup
+	$(PY) -m proxy.policy.reference > docs/policy-reference.md
+
+bench-deps:
+	@command -v h2load >/dev/null && command -v nginx >/dev/null && command -v haproxy >/dev/null \
+	  && command -v redis-server >/dev/null && command -v wrk >/dev/null \
+	  || (echo "installing benchmark tools with apt (nghttp2-client nginx haproxy redis-server wrk)"; \
+	      apt-get install -y -qq nghttp2-client nginx haproxy redis-server wrk)
+
+bench-quick: setup bench-deps
+	for b in overhead loadtest_accuracy scheduling overload dedup retry_storm coldstart; do \
+	  $(PY) -m bench.$$b --quick || exit 1; done
+
+bench: setup bench-deps
+	for b in overhead loadtest_accuracy scheduling overload dedup retry_storm coldstart; do \
+	  $(PY) -m bench.$$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info bench/results demo-out

@@ -1,0 +1,48 @@
+"""`rampmeter` command line: one subcommand per module that owns it.
+
+Each subcommand module exposes `add_arguments(parser)` and `run(args) -> int`;
+this file only wires them together, so `--help` on every command is complete and
+nothing here knows what a command does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (name, module, one-line help). Modules are imported when the parser is built.
+COMMANDS: list[tuple[str, str, str]] = [
+    ("policy", "proxy.policy.cli", "check a policy file, or print its JSON Schema"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rampmeter",
+        description="Admission-control sidecar for GPU inference pods.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module_name, help_text in COMMANDS:
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=(module.__doc__ or help_text).strip().splitlines()[0],
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""The wire contract between rampmeter, its clients and client_sdk.
+
+Theory of operation: every header name, rejection reason and the status code that
+goes with it lives here and only here, so the sidecar cannot drift from what it
+documents. `client_sdk/wire.py` holds the SDK's copy (the SDK must not import the
+proxy); `tests/contract/` checks that the two agree name for name.
+
+Pure: no I/O, no clock. Parsing helpers return values or raise `HeaderError`
+naming the offending header, which the server turns into a 400.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+
+import msgspec
+
+# Request headers (all optional).
+PRIORITY = "x-priority"
+REQUEST_TIMEOUT_MS = "x-request-timeout-ms"
+GRPC_TIMEOUT = "grpc-timeout"
+IDEMPOTENCY_KEY = "idempotency-key"
+COST_HINT = "x-cost-hint"
+TENANT = "x-tenant"
+
+# Response headers the sidecar adds.
+QUEUE_MS = "x-rampmeter-queue-ms"
+TIMEOUT_HINT_MS = "x-rampmeter-timeout-hint-ms"
+IDEMPOTENT_REPLAYED = "idempotent-replayed"
+RETRY_AFTER = "retry-after"
+RETRY_AFTER_MS = "x-rampmeter-retry-after-ms"
+REASON = "x-rampmeter-reason"
+
+REQUEST_HEADERS = (PRIORITY, REQUEST_TIMEOUT_MS, GRPC_TIMEOUT, IDEMPOTENCY_KEY, COST_HINT, TENANT)
+RESPONSE_HEADERS = (QUEUE_MS, TIMEOUT_HINT_MS, IDEMPOTENT_REPLAYED, RETRY_AFTER, RETRY_AFTER_MS, REASON)
+
+ERROR_TYPE = "rampmeter_rejected"
+MAX_IDEMPOTENCY_KEY_LEN = 255
+
+
+class Reason(enum.StrEnum):
+    """Why the sidecar answered instead of the model server."""
+
+    QUEUE_FULL = "queue_full"
+    QUEUE_TIMEOUT = "queue_timeout"
+    DEADLINE_UNMEETABLE = "deadline_unmeetable"
+    DEADLINE_EXPIRED = "deadline_expired"
+    OVERLOADED = "overloaded"
+    GPU_PRESSURE = "gpu_pressure"
+    NOT_READY = "not_ready"
+    TENANT_QUOTA = "tenant_quota"
+    DRAINING = "draining"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
+    IDEMPOTENCY_KEY_IN_FLIGHT = "idempotency_key_in_flight"
+    IDEMPOTENCY_STORE_UNAVAILABLE = "idempotency_store_unavailable"
+    BAD_REQUEST = "bad_request"
+
+
+STATUS_FOR_REASON: dict[Reason, int] = {
+    Reason.QUEUE_FULL: 503,
+    Reason.QUEUE_TIMEOUT: 503,
+    Reason.DEADLINE_UNMEETABLE: 503,
+    Reason.DEADLINE_EXPIRED: 504,
+    Reason.OVERLOADED: 503,
+    Reason.GPU_PRESSURE: 503,
+    Reason.NOT_READY: 503,
+    Reason.TENANT_QUOTA: 429,
+    Reason.DRAINING: 503,
+    Reason.UPSTREAM_UNAVAILABLE: 502,
+    Reason.UPSTREAM_TIMEOUT: 504,
+    Reason.IDEMPOTENCY_KEY_REUSED: 422,
+    Reason.IDEMPOTENCY_KEY_IN_FLIGHT: 409,
+    Reason.IDEMPOTENCY_STORE_UNAVAILABLE: 503,
+    Reason.BAD_REQUEST: 400,
+}
+
+# Reasons after which a client may retry the same request later (it was not run).
+RETRYABLE_REASONS = frozenset(
+    {
+        Reason.QUEUE_FULL,
+        Reason.QUEUE_TIMEOUT,
+        Reason.DEADLINE_UNMEETABLE,
+        Reason.OVERLOADED,
+        Reason.GPU_PRESSURE,
+        Reason.NOT_READY,
+        Reason.TENANT_QUOTA,
+        Reason.DRAINING,
+        Reason.IDEMPOTENCY_KEY_IN_FLIGHT,
+        Reason.IDEMPOTENCY_STORE_UNAVAILABLE,
+    }
+)
+
+
+class HeaderError(ValueError):
+    """A request header is malformed; the message names the header."""
+
+    def __init__(self, header: str, problem: str) -> None:
+        super().__init__(f"{header}: {problem}")
+        self.header = header
+
+
+class _ErrorDetail(msgspec.Struct):
+    type: str
+    code: str
+    message: str
+    retry_after_ms: int | None = None
+
+
+class _ErrorBody(msgspec.Struct):
+    error: _ErrorDetail
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+def rejection(
+    reason: Reason, message: str, retry_after_ms: int | None = None
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """Status, headers and OpenAI-style JSON body for a sidecar-made answer."""
+    body = _encode(_ErrorBody(_ErrorDetail(ERROR_TYPE, reason.value, message, retry_after_ms)))
+    headers = [
+        (b"content-type", b"application/json"),
+        (REASON.encode(), reason.value.encode()),
+    ]
+    if retry_after_ms is not None:
+        retry_after_s = max(1, math.ceil(retry_after_ms / 1000))
+        headers.append((RETRY_AFTER.encode(), str(retry_after_s).encode()))
+        headers.append((RETRY_AFTER_MS.encode(), str(int(retry_after_ms)).encode()))
+    return STATUS_FOR_REASON[reason], headers, body
+
+
+def parse_timeout_ms(value: bytes) -> int:
+    """`x-request-timeout-ms`: a non-negative integer count of milliseconds."""
+    text = value.decode("latin-1").strip()
+    if not text.isdigit() or len(text) > 10:
+        raise HeaderError(REQUEST_TIMEOUT_MS, f"expected a non-negative integer, got {text!r}")
+    return int(text)
+
+
+_GRPC_UNITS_MS = {"H": 3_600_000.0, "M": 60_000.0, "S": 1000.0, "m": 1.0, "u": 1e-3, "n": 1e-6}
+
+
+def parse_grpc_timeout_ms(value: bytes) -> int:
+    """`grpc-timeout`: up to 8 digits then a unit (H M S m u n), per the gRPC spec."""
+    text = value.decode("latin-1").strip()
+    digits, unit = text[:-1], text[-1:]
+    if not (1 <= len(digits) <= 8 and digits.isdigit() and unit in _GRPC_UNITS_MS):
+        raise HeaderError(GRPC_TIMEOUT, f"expected 1-8 digits and a unit of H M S m u n, got {text!r}")
+    return math.ceil(int(digits) * _GRPC_UNITS_MS[unit])
+
+
+def parse_cost_hint(value: bytes) -> int:
+    text = value.decode("latin-1").strip()
+    if not text.isdigit() or len(text) > 12:
+        raise HeaderError(COST_HINT, f"expected a non-negative integer, got {text!r}")
+    return int(text)
+
+
+def validate_idempotency_key(value: bytes) -> bytes:
+    """1-255 printable ASCII characters (0x21-0x7e and space inside)."""
+    if not 1 <= len(value) <= MAX_IDEMPOTENCY_KEY_LEN:
+        raise HeaderError(IDEMPOTENCY_KEY, f"must be 1-{MAX_IDEMPOTENCY_KEY_LEN} characters long")
+    if any(b < 0x20 or b > 0x7E for b in value) or value != value.strip():
+        raise HeaderError(IDEMPOTENCY_KEY, "must be printable ASCII without surrounding spaces")
+    return value

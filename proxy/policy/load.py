@@ -1,0 +1,136 @@
+"""Load and validate a policy: TOML text in, a whole `Policy` or a `PolicyError` out.
+
+Theory of operation: msgspec decodes and checks types, ranges and unknown keys
+against `schema.Policy`; its message names the key path (`$.listen.max_connections`),
+which we turn into `listen.max_connections`, look up in the text for a line number,
+and for unknown keys list the keys that are allowed. Checks that span several
+fields are registered with `@cross_check` and run together after decoding, so
+every rule about how fields relate lives in one place.
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+
+from proxy.errors import PolicyError
+from proxy.policy.schema import Policy
+
+CrossCheck = Callable[[Policy], list[str]]
+_CROSS_CHECKS: list[CrossCheck] = []
+
+
+def cross_check(fn: CrossCheck) -> CrossCheck:
+    """Register a rule relating several fields; it returns one message per violation."""
+    _CROSS_CHECKS.append(fn)
+    return fn
+
+
+def load_policy(path: str | Path) -> Policy:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(str(path), [f"cannot read: {exc.strerror or exc}"]) from None
+    return parse_policy(text, source=str(path))
+
+
+def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    try:
+        policy = msgspec.toml.decode(text.encode("utf-8"), type=Policy)
+    except msgspec.ValidationError as exc:
+        raise PolicyError(source, [_explain(str(exc), text, source)]) from None
+    except msgspec.DecodeError as exc:
+        raise PolicyError(source, [f"not valid TOML: {_toml_message(exc)}"]) from None
+    problems = [msg for check in _CROSS_CHECKS for msg in check(policy)]
+    if problems:
+        raise PolicyError(source, problems)
+    return policy
+
+
+def _toml_message(exc: msgspec.DecodeError) -> str:
+    cause = exc.__cause__ or exc.__context__
+    return str(cause or exc)
+
+
+_AT = re.compile(r"^(?P<msg>.*) - at `\$(?P<path>[^`]*)`$")
+_REGEX = re.compile(r"Expected `(?P<type>\w+)` matching regex '.*'$")
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]+)`$")
+
+
+def _explain(raw: str, text: str, source: str) -> str:
+    m = _AT.match(raw)
+    path, msg = (m["path"].lstrip("."), m["msg"]) if m else ("", raw)
+    msg = _REGEX.sub(lambda r: f"{r['type']} in the expected form", msg)
+    unknown = _UNKNOWN.match(msg)
+    if unknown:
+        key = unknown["key"]
+        full = f"{path}.{key}" if path else key
+        allowed = ", ".join(_allowed_keys(path))
+        msg = f"unknown key (allowed here: {allowed})"
+        path = full
+    line = locate(text, path)
+    where = f"{source}:{line}: " if line else ""
+    return f"{where}{path or '(top level)'}: {msg}"
+
+
+def _allowed_keys(path: str) -> list[str]:
+    """Field names of the table at `path` (e.g. 'upstreams[0]')."""
+    typ: type = Policy
+    for part in filter(None, re.split(r"\.|\[\d+\]", path)):
+        hints = {f.name: f.type for f in msgspec.structs.fields(typ)}
+        typ = _struct_of(hints.get(part))
+        if typ is None:
+            return []
+    return [f.name for f in msgspec.structs.fields(typ)]
+
+
+def _struct_of(t) -> type | None:
+    """The Struct type inside Annotated[...], list[...] or a union, if any."""
+    if isinstance(t, type) and issubclass(t, msgspec.Struct):
+        return t
+    for arg in typing.get_args(t):
+        found = _struct_of(arg)
+        if found:
+            return found
+    return None
+
+
+def locate(text: str, path: str) -> int | None:
+    """1-based line in TOML `text` where `path` (a.b[2].c) is set, or None.
+
+    Good enough for error messages: tables, arrays of tables and `key =` lines;
+    inline tables and dotted keys fall back to the table's header line.
+    """
+    parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
+    if not parts:
+        return None
+    *table, key = parts
+    table_name = ".".join(p for p in table if not p.startswith("["))
+    index = next((int(p[1:-1]) for p in table if p.startswith("[")), 0)
+    current, seen, header_line = "", {}, None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        header = re.match(r"^\[\[?\s*([^\]]+?)\s*\]\]?", stripped)
+        if header:
+            current = header[1]
+            seen[current] = seen.get(current, -1) + 1
+            if current == table_name and seen[current] == index:
+                header_line = lineno
+            continue
+        if current == table_name and seen.get(current, 0) == index:
+            if re.match(rf"^{re.escape(key)}\s*=", stripped):
+                return lineno
+    # The key may itself be a table ([listen.foo]), or not be written at all.
+    return _header_line(text, f"{table_name}.{key}" if table_name else key) or header_line
+
+
+def _header_line(text: str, name: str) -> int | None:
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if re.match(rf"^\[\[?\s*{re.escape(name)}\s*\]\]?", line.strip()):
+            return lineno
+    return None

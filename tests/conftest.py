@@ -1,0 +1,34 @@
+"""Shared fixtures. Tier-specific ones live in each tier's conftest.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_binary(name: str) -> str:
+    """Path of a tool a test needs. Missing: fails in CI (CI=true), skips on a dev box."""
+    path = shutil.which(name)
+    if path:
+        return path
+    message = f"{name} is not installed (apt: see .ci/run)"
+    if IN_CI:
+        pytest.fail(message + "; CI must install it")
+    pytest.skip(message + "; outside CI only")  # CI guard above: never skips in CI
+    raise AssertionError  # unreachable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
