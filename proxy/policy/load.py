@@ -18,7 +18,7 @@ from pathlib import Path
 import msgspec
 
 from proxy.errors import PolicyError
-from proxy.policy.schema import Policy
+from proxy.policy.schema import PATTERN_HINTS, Policy
 
 CrossCheck = Callable[[Policy], list[str]]
 _CROSS_CHECKS: list[CrossCheck] = []
@@ -41,11 +41,18 @@ def load_policy(path: str | Path) -> Policy:
 
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
     try:
-        policy = msgspec.toml.decode(text.encode("utf-8"), type=Policy)
-    except msgspec.ValidationError as exc:
-        raise PolicyError(source, [_explain(str(exc), text, source)]) from None
+        data = msgspec.toml.decode(text.encode("utf-8"))
     except msgspec.DecodeError as exc:
         raise PolicyError(source, [f"not valid TOML: {_toml_message(exc)}"]) from None
+    return policy_from_builtins(data, source, text)
+
+
+def policy_from_builtins(data: dict, source: str, text: str = "") -> Policy:
+    """Validate plain data (decoded TOML, or defaults with command-line overrides)."""
+    try:
+        policy = msgspec.convert(data, type=Policy)
+    except msgspec.ValidationError as exc:
+        raise PolicyError(source, [_explain(str(exc), text, source)]) from None
     problems = [msg for check in _CROSS_CHECKS for msg in check(policy)]
     if problems:
         raise PolicyError(source, problems)
@@ -58,14 +65,14 @@ def _toml_message(exc: msgspec.DecodeError) -> str:
 
 
 _AT = re.compile(r"^(?P<msg>.*) - at `\$(?P<path>[^`]*)`$")
-_REGEX = re.compile(r"Expected `(?P<type>\w+)` matching regex '.*'$")
+_REGEX = re.compile(r"Expected `str` matching regex '(?P<pattern>.*)'$")
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]+)`$")
 
 
 def _explain(raw: str, text: str, source: str) -> str:
     m = _AT.match(raw)
     path, msg = (m["path"].lstrip("."), m["msg"]) if m else ("", raw)
-    msg = _REGEX.sub(lambda r: f"{r['type']} in the expected form", msg)
+    msg = _REGEX.sub(_pattern_hint, msg)
     unknown = _UNKNOWN.match(msg)
     if unknown:
         key = unknown["key"]
@@ -73,20 +80,51 @@ def _explain(raw: str, text: str, source: str) -> str:
         allowed = ", ".join(_allowed_keys(path))
         msg = f"unknown key (allowed here: {allowed})"
         path = full
+    if msg.startswith("Invalid enum value"):
+        choices = _literal_choices(path)
+        if choices:
+            msg += f" (expected one of: {', '.join(choices)})"
     line = locate(text, path)
     where = f"{source}:{line}: " if line else ""
     return f"{where}{path or '(top level)'}: {msg}"
 
 
+def _pattern_hint(match: re.Match) -> str:
+    pattern = match["pattern"].replace("\\\\", "\\")  # msgspec escapes backslashes in messages
+    return "expected " + PATTERN_HINTS.get(pattern, f"a value matching {pattern}")
+
+
 def _allowed_keys(path: str) -> list[str]:
     """Field names of the table at `path` (e.g. 'upstreams[0]')."""
-    typ: type = Policy
+    struct = _struct_at(path)
+    return [f.name for f in msgspec.structs.fields(struct)] if struct else []
+
+
+def _struct_at(path: str) -> type | None:
+    """The Struct type of the table at `path` ('' is the top level)."""
+    typ: type | None = Policy
     for part in filter(None, re.split(r"\.|\[\d+\]", path)):
         hints = {f.name: f.type for f in msgspec.structs.fields(typ)}
         typ = _struct_of(hints.get(part))
         if typ is None:
-            return []
-    return [f.name for f in msgspec.structs.fields(typ)]
+            return None
+    return typ
+
+
+def _literal_choices(path: str) -> list[str]:
+    """The allowed values of a Literal-typed key at `path`, for error messages."""
+    table, _, key = path.rpartition(".")
+    struct = _struct_at(table)
+    if struct is None:
+        return []
+    hints = {f.name: f.type for f in msgspec.structs.fields(struct)}
+    return [repr(v) for v in _literals(hints.get(key))]
+
+
+def _literals(t) -> list:
+    if typing.get_origin(t) is typing.Literal:
+        return list(typing.get_args(t))
+    return [v for arg in typing.get_args(t) for v in _literals(arg)]
 
 
 def _struct_of(t) -> type | None:

@@ -23,13 +23,15 @@ class Section(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     """Base for every policy table: strict about keys, immutable once loaded."""
 
 
-HostPort = Annotated[
-    str,
-    Meta(
-        pattern=r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+|\*):[0-9]{1,5}$",
-        description="HOST:PORT; [::1]:PORT for IPv6",
-    ),
-]
+HOST_PORT_RE = r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+|\*):[0-9]{1,5}$"
+HTTP_URL_RE = r"^http://[^/?#]+(/.*)?$"
+# What a value must look like, in words, for errors about the patterns above.
+PATTERN_HINTS = {
+    HOST_PORT_RE: "HOST:PORT, e.g. 0.0.0.0:8080 or [::1]:9090",
+    HTTP_URL_RE: "http://HOST:PORT[/prefix] (cleartext; the sidecar sits in the pod)",
+}
+
+HostPort = Annotated[str, Meta(pattern=HOST_PORT_RE, description="HOST:PORT; [::1]:PORT for IPv6")]
 
 
 class Listen(Section):
@@ -69,7 +71,7 @@ class Upstream(Section):
     """One model server the sidecar forwards to."""
 
     url: Annotated[
-        str, Meta(pattern=r"^http://[^/?#]+(/.*)?$", description="Base URL, http://HOST:PORT (cleartext; the sidecar sits in the pod).")
+        str, Meta(pattern=HTTP_URL_RE, description="Base URL, http://HOST:PORT (cleartext; the sidecar sits in the pod).")
     ]
     protocol: Annotated[
         Literal["http1", "h2c"], Meta(description="http1: pooled keep-alive connections; h2c: HTTP/2 prior knowledge, multiplexed.")

@@ -1,0 +1,191 @@
+"""Policy documentation generated from the schema, so docs cannot drift from code.
+
+Theory of operation: walk `msgspec.inspect.type_info(Policy)`; every table
+becomes a section, every key a row with its type, default, range and
+description. Two renderings share the walk:
+
+- `markdown()`: docs/policy-reference.md (`make policy-docs`)
+- `default_toml()`: policies/default.toml, every key present and commented with
+  its unit, default and range (`python -m proxy.policy.reference --toml`)
+
+A test regenerates both and compares them with the committed files.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import msgspec
+import msgspec.inspect as mi
+
+from proxy.policy.schema import Policy
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    type: str
+    default: object  # msgspec.NODEFAULT when required
+    range: str
+    description: str
+
+
+@dataclass(frozen=True)
+class Table:
+    path: str  # "listen", "upstreams" (array of tables), "classes.<name>" (map of tables)
+    array: bool
+    doc: str
+    keys: list[Key]
+
+
+def tables() -> list[Table]:
+    return list(_walk(mi.type_info(Policy), "", False, Policy.__doc__ or ""))
+
+
+def _walk(info: mi.StructType, path: str, array: bool, doc: str) -> Iterator[Table]:
+    keys, children = [], []
+    for f in info.fields:
+        struct, kind = _struct_in(f.type)
+        if struct is not None:
+            child_path = f"{path}.{f.name}" if path else f.name
+            if kind == "dict":
+                child_path += ".<name>"
+            children.append((struct, child_path, kind == "list", _describe(f.type) or struct.cls.__doc__ or ""))
+        else:
+            keys.append(Key(f.name, _type_name(f.type), _default(f), _range(f.type), _describe(f.type)))
+    if path:
+        yield Table(path, array, " ".join((doc or "").split()), keys)
+    for struct, child_path, child_array, child_doc in children:
+        yield from _walk(struct, child_path, child_array, child_doc)
+
+
+def _unwrap(t: mi.Type) -> mi.Type:
+    while isinstance(t, mi.Metadata):
+        t = t.type
+    return t
+
+
+def _struct_in(t: mi.Type) -> tuple[mi.StructType | None, str]:
+    t = _unwrap(t)
+    if isinstance(t, mi.StructType):
+        return t, "struct"
+    if isinstance(t, mi.ListType) and isinstance(_unwrap(t.item_type), mi.StructType):
+        return _unwrap(t.item_type), "list"
+    if isinstance(t, mi.DictType) and isinstance(_unwrap(t.value_type), mi.StructType):
+        return _unwrap(t.value_type), "dict"
+    return None, ""
+
+
+def _describe(t: mi.Type) -> str:
+    texts = []
+    while isinstance(t, mi.Metadata):
+        text = (t.extra_json_schema or {}).get("description")
+        if text:
+            texts.append(text)
+        t = t.type
+    return texts[0] if texts else ""
+
+
+def _type_name(t: mi.Type) -> str:
+    t = _unwrap(t)
+    names = {mi.IntType: "integer", mi.FloatType: "number", mi.StrType: "string", mi.BoolType: "boolean"}
+    if type(t) in names:
+        return names[type(t)]
+    if isinstance(t, mi.LiteralType):
+        return " | ".join(json.dumps(v) for v in t.values)
+    if isinstance(t, mi.ListType):
+        return f"list of {_type_name(t.item_type)}"
+    if isinstance(t, mi.DictType):
+        return f"table of {_type_name(t.value_type)}"
+    if isinstance(t, mi.UnionType):
+        return " | ".join(_type_name(x) for x in t.types)
+    if isinstance(t, mi.NoneType):
+        return "none"
+    return type(t).__name__.removesuffix("Type").lower()
+
+
+def _range(t: mi.Type) -> str:
+    t = _unwrap(t)
+    parts = []
+    for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+        value = getattr(t, attr, None)
+        if value is not None:
+            parts.append(f"{sym} {value:g}" if isinstance(value, float) else f"{sym} {value}")
+    if getattr(t, "min_length", None):
+        parts.append(f"at least {t.min_length} item(s)")
+    return ", ".join(parts)
+
+
+def _default(f: mi.Field) -> object:
+    if f.default is not msgspec.NODEFAULT:
+        return msgspec.to_builtins(f.default)
+    if f.default_factory is not msgspec.NODEFAULT:
+        return msgspec.to_builtins(f.default_factory())
+    return msgspec.NODEFAULT
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def markdown() -> str:
+    out = [
+        "# Policy reference",
+        "",
+        "Generated from `proxy/policy/schema.py` by `make policy-docs`; do not edit by hand.",
+        "Every key is optional unless marked required. Unknown keys are errors.",
+        "Check a file with `rampmeter policy check FILE`; editors can use `rampmeter policy schema`.",
+        "",
+    ]
+    for table in tables():
+        header = f"[[{table.path}]]" if table.array else f"[{table.path}]"
+        out += [f"## `{header}`", "", table.doc, "", "| key | type | default | range | meaning |", "|---|---|---|---|---|"]
+        for k in table.keys:
+            default = "required" if k.default is msgspec.NODEFAULT else f"`{_toml_value(k.default)}`"
+            out.append(f"| `{k.name}` | {k.type} | {default} | {k.range} | {k.description} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def default_toml() -> str:
+    out = [
+        "# rampmeter policy: the embedded defaults, every key written out and commented.",
+        "# Generated from the schema (python -m proxy.policy.reference --toml); edit a copy.",
+        "# Reference: docs/policy-reference.md. Check: rampmeter policy check FILE.",
+        "",
+    ]
+    defaults = msgspec.to_builtins(Policy())
+    for table in tables():
+        value = _lookup(defaults, table.path)
+        rows = value if table.array else [value]
+        for row in rows if rows else []:
+            out.append(f"# {table.doc}")
+            out.append(f"[[{table.path}]]" if table.array else f"[{table.path}]")
+            for k in table.keys:
+                note = f"{k.type}" + (f", {k.range}" if k.range else "")
+                out.append(f"# {k.description} ({note})")
+                if isinstance(row, dict) and k.name in row:
+                    out.append(f"{k.name} = {_toml_value(row[k.name])}")
+            out.append("")
+    return "\n".join(out)
+
+
+def _lookup(data: dict, path: str):
+    for part in path.split("."):
+        if part == "<name>":
+            return None  # maps of tables are shown in the reference, not as defaults
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+if __name__ == "__main__":
+    sys.stdout.write(default_toml() if "--toml" in sys.argv else markdown())
