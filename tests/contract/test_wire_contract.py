@@ -1,0 +1,75 @@
+"""The SDK and the sidecar agree on the wire contract, name for name.
+
+client_sdk keeps its own copy (it must not import the proxy); this test is
+what keeps the copy honest: header names, reason names, reason -> status, which
+reasons invite a retry, and that the SDK reads what the sidecar's `rejection()`
+actually sends.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from client_sdk import wire as sdk
+from client_sdk.rules import may_retry
+from client_sdk.signals import Signal, classify_response, retry_after_s
+from proxy.core import wire as proxy
+
+HEADER_NAMES = (
+    "PRIORITY",
+    "REQUEST_TIMEOUT_MS",
+    "GRPC_TIMEOUT",
+    "IDEMPOTENCY_KEY",
+    "COST_HINT",
+    "TENANT",
+    "QUEUE_MS",
+    "TIMEOUT_HINT_MS",
+    "IDEMPOTENT_REPLAYED",
+    "RETRY_AFTER",
+    "RETRY_AFTER_MS",
+    "REASON",
+)
+
+
+@pytest.mark.parametrize("name", HEADER_NAMES)
+def test_every_header_name_agrees(name: str) -> None:
+    assert getattr(sdk, name) == getattr(proxy, name)
+
+
+def test_header_lists_and_constants_agree() -> None:
+    assert sdk.REQUEST_HEADERS == proxy.REQUEST_HEADERS
+    assert sdk.RESPONSE_HEADERS == proxy.RESPONSE_HEADERS
+    assert set(sdk.REQUEST_HEADERS + sdk.RESPONSE_HEADERS) == {
+        getattr(sdk, n) for n in HEADER_NAMES
+    }
+    assert sdk.ERROR_TYPE == proxy.ERROR_TYPE
+    assert sdk.MAX_IDEMPOTENCY_KEY_LEN == proxy.MAX_IDEMPOTENCY_KEY_LEN
+
+
+def test_every_reason_name_and_value_agrees() -> None:
+    assert {r.name: r.value for r in sdk.Reason} == {r.name: r.value for r in proxy.Reason}
+
+
+def test_reason_to_status_agrees() -> None:
+    assert {r.value: s for r, s in sdk.STATUS_FOR_REASON.items()} == {
+        r.value: s for r, s in proxy.STATUS_FOR_REASON.items()
+    }
+    assert set(sdk.STATUS_FOR_REASON) == set(sdk.Reason)
+
+
+def test_the_reasons_that_invite_a_retry_agree() -> None:
+    assert {r.value for r in sdk.RETRYABLE_REASONS} == {r.value for r in proxy.RETRYABLE_REASONS}
+    assert sdk.RETRYABLE_REASON_NAMES == {r.value for r in proxy.RETRYABLE_REASONS}
+
+
+@pytest.mark.parametrize("reason", list(proxy.Reason), ids=[r.value for r in proxy.Reason])
+def test_the_sdk_reads_the_sidecars_rejection_as_the_contract_says(reason: proxy.Reason) -> None:
+    status, raw_headers, _ = proxy.rejection(reason, "msg", retry_after_ms=1250)
+    headers = {k.decode(): v.decode() for k, v in raw_headers}
+    signal = classify_response(status, headers)
+    assert retry_after_s(headers, wall_now=0.0) == 1.25
+    # A POST without a key may be retried exactly when the sidecar says it was not run.
+    retried = may_retry(signal, method="POST", keyed=False, replayable=True)
+    assert retried is (reason in proxy.RETRYABLE_REASONS)
+    if reason is proxy.Reason.DEADLINE_EXPIRED:
+        assert signal is Signal.DEADLINE_EXPIRED
