@@ -74,16 +74,16 @@ class RequestBody(Protocol):
 
 class Request:
     __slots__ = (
-        "method",
-        "target",
         "authority",
-        "scheme",
+        "body",
+        "client",
+        "client_gone",
         "headers",
         "http_version",
-        "client",
-        "body",
-        "client_gone",
+        "method",
         "received_at",
+        "scheme",
+        "target",
     )
 
     def __init__(

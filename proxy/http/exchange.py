@@ -1,0 +1,266 @@
+"""One request/response exchange, shared by the HTTP/1.1 and HTTP/2 connections.
+
+Theory of operation: a connection parses a request head into a `Request`, gives it
+a `BufferedBody` that its reader feeds, and calls `run_exchange()`, which runs the
+handler in the request's own cancel scope and turns every way a handler can end
+into an answer on the wire:
+
+    returned, response complete          -> nothing to do
+    raised BodyTooLarge / ProtocolError   -> 413 / 400 if nothing was sent
+    raised anything else, or returned
+      without finishing                  -> 500 if nothing was sent, else abort
+    client gone (scope cancelled)        -> nothing can be said; stop
+
+`ServerContext` is what every connection of one `Server` shares: the handler, the
+limits, statistics counters and the Prometheus children bound once (never per
+request). `metrics=None` leaves only the counters, so tests need no registry.
+
+Invariants: the body buffer never holds more than the connection allowed (h1 reader
+backpressure, h2 flow-control window); a handler exception never escapes a
+connection; `trio.Cancelled` from outside (server shutdown) always propagates.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+
+import trio
+
+from proxy.errors import BodyTooLarge, ClientGone, ProtocolError
+from proxy.http.messages import Handler, Request
+from proxy.policy.schema import Listen
+from proxy.runtime.metrics import Metrics
+
+log = logging.getLogger("rampmeter.server")
+
+TEXT_PLAIN = [(b"content-type", b"text/plain; charset=utf-8")]
+CLIENT_CLOSED = 499  # nginx's code for "client closed request": recorded, never sent
+
+
+class ServerContext:
+    """State shared by all connections of one server: handler, limits, counters, metrics."""
+
+    def __init__(self, handler: Handler, limits: Listen, metrics: Metrics | None) -> None:
+        self.handler = handler
+        self.limits = limits
+        self.metrics = metrics
+        self.draining = False
+        self.requests_in_flight = 0
+        self.requests_total = 0
+        self.client_disconnects = 0
+        self.connections_rejected = 0
+        self.protocol_errors = 0
+        self._done: dict[tuple[str, int], Callable[[float], None]] = {}
+        self._errors: dict[str, Callable[[], None]] = {}
+
+    def request_done(self, protocol: str, code: int, duration_s: float) -> None:
+        self.requests_total += 1
+        record = self._done.get((protocol, code))
+        if record is None:
+            record = self._done[(protocol, code)] = self._bind_done(protocol, code)
+        record(duration_s)
+
+    def _bind_done(self, protocol: str, code: int) -> Callable[[float], None]:
+        if self.metrics is None:
+            return lambda _duration_s: None
+        count = self.metrics.requests.labels(protocol=protocol, code=str(code)).inc
+        observe = self.metrics.request_duration_seconds.labels(protocol=protocol).observe
+
+        def record(duration_s: float) -> None:
+            count()
+            observe(duration_s)
+
+        return record
+
+    def protocol_error(self, kind: str, detail: str) -> None:
+        """One debug line and one count per malformed request or HTTP/2 protocol error."""
+        self.protocol_errors += 1
+        log.debug("protocol error %s: %s", kind, detail)
+        count = self._errors.get(kind)
+        if count is None:
+            count = self._errors[kind] = (
+                self.metrics.protocol_errors.labels(kind=kind).inc if self.metrics else _nothing
+            )
+        count()
+
+    def connection_rejected(self) -> None:
+        self.connections_rejected += 1
+        if self.metrics is not None:
+            self.metrics.connections_rejected.inc()
+
+    def client_gone(self, request: Request) -> None:
+        if not request.client_gone:
+            request.client_gone = True
+            self.client_disconnects += 1
+            if self.metrics is not None:
+                self.metrics.client_disconnects.inc()
+
+
+def _nothing() -> None:
+    pass
+
+
+class BufferedBody:
+    """A request body fed by the connection's reader and read once by the handler.
+
+    Subclasses say what consuming bytes means for the peer (`_consumed`: wake the
+    h1 reader / acknowledge h2 flow control) and what the first read means
+    (`_first_read`: send 100 Continue on h1).
+    """
+
+    __slots__ = (
+        "_error",
+        "_lot",
+        "_parts",
+        "complete",
+        "content_length",
+        "limit",
+        "received",
+        "started",
+    )
+
+    def __init__(self, content_length: int | None, limit: int) -> None:
+        self.content_length = content_length
+        self.limit = limit
+        self.received = 0  # bytes fed, whether consumed or not
+        self.complete = False  # the peer finished the body (or it was empty)
+        self.started = False
+        self._parts: deque[tuple[bytes, int]] = deque()  # (data, flow-controlled length)
+        self._error: BaseException | None = None
+        self._lot: trio.lowlevel.ParkingLot | None = None  # made when a reader first waits
+
+    # --- the reader's side ---
+    def feed(self, data: bytes, flow_len: int) -> bool:
+        """Buffer `data`; False (and the body fails) once it passes the cap."""
+        self.received += len(data)
+        if self.received > self.limit:
+            self.fail(BodyTooLarge(self.limit))
+            return False
+        self._parts.append((data, flow_len))
+        self._wake()
+        return True
+
+    def finish(self) -> None:
+        self.complete = True
+        self._wake()
+
+    def fail(self, error: BaseException) -> None:
+        """Reading now raises `error` (BodyTooLarge, ProtocolError, ClientGone)."""
+        if self._error is None:
+            self._error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._lot is not None:
+            self._lot.unpark_all()
+
+    # --- the handler's side ---
+    async def chunks(self) -> AsyncIterator[bytes]:
+        if not self.started:
+            self.started = True
+            await self._first_read()
+        while True:
+            if self._parts:
+                data, flow_len = self._parts.popleft()
+                self._consumed(len(data), flow_len)
+                yield data
+            elif self._error is not None:
+                raise self._error
+            elif self.complete:
+                return
+            else:
+                if self._lot is None:
+                    self._lot = trio.lowlevel.ParkingLot()
+                await self._lot.park()
+
+    async def read_all(self) -> bytes:
+        parts = [chunk async for chunk in self.chunks()]
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def _first_read(self) -> None:
+        pass
+
+    def _consumed(self, size: int, flow_len: int) -> None:
+        pass
+
+
+class Sink:
+    """What `run_exchange` needs of a protocol's ResponseSink beyond the public API."""
+
+    headers_sent: bool
+    finished: bool
+    status: int
+
+    async def respond(self, status: int, headers: list, body: bytes = b"") -> None: ...
+
+    def abort(self) -> None: ...
+
+
+async def run_exchange(
+    ctx: ServerContext,
+    protocol: str,
+    handler: Handler,
+    request: Request,
+    sink: Sink,
+    scope: trio.CancelScope,
+) -> None:
+    """Run `handler` in `scope` (which the reader cancels when the client goes) and finish the answer."""
+    ctx.requests_in_flight += 1
+    try:
+        problem = await _call_handler(handler, request, sink, scope, ctx)
+        if problem is not None and not request.client_gone:
+            await _answer_problem(ctx, request, sink, *problem)
+    finally:
+        ctx.requests_in_flight -= 1
+        code = CLIENT_CLOSED if request.client_gone else sink.status
+        ctx.request_done(protocol, code, trio.current_time() - request.received_at)
+
+
+async def _call_handler(
+    handler: Handler, request: Request, sink: Sink, scope: trio.CancelScope, ctx: ServerContext
+) -> tuple[int, str] | None:
+    """Run the handler; return (status, message) when the server must answer for it."""
+    try:
+        with scope:
+            await handler(request, sink)
+    except BodyTooLarge as exc:
+        return 413, f"request body larger than {exc.limit} bytes"
+    except ClientGone:
+        ctx.client_gone(request)
+        return None
+    except ProtocolError as exc:
+        return 400, str(exc)
+    except Exception:
+        log.exception("handler failed on %r", request)
+        return 500, "internal error"
+    if sink.finished or request.client_gone:
+        return None
+    log.error("handler returned without finishing its response to %r", request)
+    return 500, "handler returned without a response"
+
+
+def answer(status: int, message: str) -> Handler:
+    """A stand-in handler for a request the server answers itself (413, 431).
+
+    It says `connection: close` (h1 closes after it; h2 drops the header as hop-by-hop).
+    """
+    body = f"{status} {message}\n".encode()
+
+    async def handler(request: Request, sink: Sink) -> None:
+        await sink.respond(status, [*TEXT_PLAIN, (b"connection", b"close")], body)
+
+    return handler
+
+
+async def _answer_problem(
+    ctx: ServerContext, request: Request, sink: Sink, status: int, message: str
+) -> None:
+    if sink.headers_sent:
+        sink.abort()  # too late for a status: the client must see a broken response
+        return
+    try:
+        await sink.respond(status, list(TEXT_PLAIN), f"{status} {message}\n".encode())
+    except ClientGone:
+        ctx.client_gone(request)

@@ -1,0 +1,416 @@
+"""The upstream pool: connections to every model server, reused across requests.
+
+Theory of operation: one `_H1Upstream` or `_H2Upstream` per configured upstream;
+the caller (admission controller) picks the index, the pool picks the connection.
+`request(...)` is an async context manager that yields an `UpstreamResponse` once
+the response head arrived and releases it exactly once on exit, also on
+cancellation (release never awaits):
+- HTTP/1.1: a semaphore of `max_connections` bounds connections in use; an idle
+  LIFO stack of keep-alive connections (the hot one is reused, the cold ones age
+  out); a connection is checked for a pending EOF before reuse. If the very first
+  send on a pooled connection fails before any byte was accepted, the request is
+  retried once on a fresh connection; after that never (request_sent=True).
+- h2c: streams go to the first connection with capacity; another connection is
+  opened (one at a time) when all are full or draining after GOAWAY, up to
+  `max_connections`; beyond that callers park until a stream ends. A stream the
+  peer did not process (REFUSED_STREAM, GOAWAY) is retried once when the body is
+  bytes (replayable).
+One reaper task closes connections idle for `idle_timeout_s`, sleeping until
+exactly the earliest expiry (autojump-clock exact). Metrics children are bound
+once per upstream at construction.
+
+Invariants: open connections <= max_connections per upstream (draining h2
+connections excepted); every started request is counted once in
+`upstream_requests{outcome}`; `outstanding` returns to 0 when nothing is in flight.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import AsyncIterable
+from dataclasses import dataclass
+from typing import Any, Protocol, Self
+
+import trio
+
+from proxy.errors import UpstreamConnectError, UpstreamError
+from proxy.http.forward import h2_request_headers
+from proxy.http.messages import Headers
+from proxy.http.upstream_h1 import H1Connection, H1Response, framed
+from proxy.http.upstream_h2 import H2Connection, H2Response
+from proxy.policy.schema import Upstream
+from proxy.runtime.metrics import Metrics
+
+OUTCOMES = ("ok", "aborted", "protocol_error", "connect_error")
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
+
+class UpstreamResponse(Protocol):
+    status: int
+    headers: Headers  # lower-case names, no pseudo-headers
+    http_version: str  # "1.1", "1.0" or "2"
+
+    async def receive(self) -> bytes: ...  # next chunk as it arrives; b"" at the end
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class UpstreamStatistics:
+    index: int
+    url: str
+    protocol: str
+    open_connections: int
+    idle_connections: int  # h1: pooled and unused; h2: connections with no stream
+    streams: int  # h2 streams open (h1: connections in use)
+    outstanding: int  # requests started and not yet released
+    waiting: int  # callers waiting for a connection or stream slot
+
+
+@dataclass(frozen=True)
+class PoolStatistics:
+    upstreams: tuple[UpstreamStatistics, ...]
+
+    def __getitem__(self, index: int) -> UpstreamStatistics:
+        return self.upstreams[index]
+
+
+class _Null:
+    def inc(self, *a: object) -> None: ...
+    def dec(self, *a: object) -> None: ...
+    def observe(self, *a: object) -> None: ...
+
+
+def parse_url(url: str) -> tuple[str, int, bytes]:
+    """http://host:port[/prefix] -> (host, port, prefix without trailing slash)."""
+    rest = url.removeprefix("http://")
+    hostport, slash, path = rest.partition("/")
+    host, _, port = hostport.rpartition(":") if hostport.rfind(":") > hostport.rfind("]") else (hostport, "", "80")
+    return host.strip("[]"), int(port), ("/" + path if slash else "").rstrip("/").encode()
+
+
+class _Upstream:
+    protocol = ""
+
+    def __init__(self, index: int, cfg: Upstream, pool: UpstreamPool, metrics: Metrics | None) -> None:
+        self.index, self.cfg, self.pool = index, cfg, pool
+        self.host, self.port, self.prefix = parse_url(cfg.url)
+        self.hostport = f"{self.host}:{self.port}"
+        self.authority = cfg.url.removeprefix("http://").partition("/")[0].encode()
+        self.connect_timeout_s = cfg.connect_timeout_ms / 1000
+        self.outstanding = self.waiting = 0
+        name = str(index)
+        if metrics is None:
+            self.outcomes: dict[str, Any] = dict.fromkeys(OUTCOMES, _Null())
+            self.duration: Any = _Null()
+            self.connections: Any = _Null()
+        else:
+            self.outcomes = {o: metrics.upstream_requests.labels(upstream=name, outcome=o) for o in OUTCOMES}
+            self.duration = metrics.upstream_duration_seconds.labels(upstream=name)
+            self.connections = metrics.upstream_connections.labels(upstream=name)
+
+    def _target(self, target: bytes) -> bytes:
+        return self.prefix + target if self.prefix and target[:1] == b"/" else target
+
+    def _failed(self, exc: BaseException) -> None:
+        self.outstanding -= 1
+        if isinstance(exc, UpstreamConnectError):
+            self.outcomes["connect_error"].inc()
+        elif isinstance(exc, UpstreamError):
+            self.outcomes["protocol_error"].inc()
+        else:
+            self.outcomes["aborted"].inc()
+        if isinstance(exc, UpstreamError):
+            exc.upstream = str(self.index)  # callers and the balancer know upstreams by index
+
+    def _released(self, resp: Any, now: float) -> None:
+        self.outstanding -= 1
+        outcome = "ok" if resp.complete else "protocol_error" if resp.failed else "aborted"
+        self.outcomes[outcome].inc()
+        self.duration.observe(now - resp.started_at)
+
+    async def _connect_timed(self, opener: Any) -> Any:
+        with trio.move_on_after(self.connect_timeout_s):
+            return await opener()
+        raise UpstreamConnectError(
+            f"upstream {self.hostport}: connect timed out after {self.cfg.connect_timeout_ms} ms", upstream=str(self.index))
+
+
+class _H1Upstream(_Upstream):
+    protocol = "http1"
+
+    def __init__(self, index: int, cfg: Upstream, pool: UpstreamPool, metrics: Metrics | None) -> None:
+        super().__init__(index, cfg, pool, metrics)
+        self.slots = trio.Semaphore(cfg.max_connections)
+        self.idle: deque[H1Connection] = deque()  # oldest idle at the left
+        self.open = 0
+
+    async def start(self, method: bytes, target: bytes, headers: Headers, body: Any) -> H1Response:
+        self.outstanding += 1
+        now = trio.current_time()
+        try:
+            try:
+                self.slots.acquire_nowait()
+            except trio.WouldBlock:
+                self.waiting += 1
+                try:
+                    await self.slots.acquire()
+                finally:
+                    self.waiting -= 1
+                now = trio.current_time()
+        except BaseException as exc:
+            self._failed(exc)
+            raise
+        try:
+            resp = await self._exchange(now, method, self._target(target), headers, body)
+        except BaseException as exc:
+            self.slots.release()
+            self._failed(exc)
+            raise
+        resp.owner = self
+        resp.started_at = now  # the exchange starts once a connection slot is ours
+        return resp
+
+    async def _exchange(self, now: float, method: bytes, target: bytes, headers: Headers, body: Any) -> H1Response:
+        conn = self._take_idle(now)
+        reused = conn is not None
+        if conn is None:
+            conn = await self._connect()
+        try:
+            return await conn.send_request(method, target, headers, body)
+        except UpstreamError as exc:
+            self._discard(conn)
+            # Safe to replay only if nothing reached the upstream and the body can be sent again.
+            if not reused or exc.request_sent or not isinstance(body, _BYTES_LIKE):
+                raise
+        except BaseException:
+            self._discard(conn)
+            raise
+        conn = await self._connect()
+        try:
+            return await conn.send_request(method, target, headers, body)
+        except BaseException:
+            self._discard(conn)
+            raise
+
+    def _take_idle(self, now: float) -> H1Connection | None:
+        idle, timeout = self.idle, self.cfg.idle_timeout_s
+        while idle:
+            conn = idle.pop()
+            if now - conn.idle_since < timeout and not conn.is_stale():
+                return conn
+            self._discard(conn)  # closed by the upstream while idle, or expired: never carried this request
+        return None
+
+    async def _connect(self) -> H1Connection:
+        conn = await self._connect_timed(lambda: H1Connection.open(self.host, self.port, label=self.hostport))
+        self.open += 1
+        self.connections.inc()
+        return conn
+
+    def _discard(self, conn: H1Connection) -> None:
+        conn.close()
+        self.open -= 1
+        self.connections.dec()
+
+    def release(self, resp: H1Response) -> None:
+        """Called once by `resp.aclose()`: pool the connection if the exchange ended cleanly."""
+        now = trio.current_time()
+        if not self.pool.closed and resp.reusable():
+            resp.connection.idle_since = now
+            self.idle.append(resp.connection)
+            self.pool.reap_by(now + self.cfg.idle_timeout_s)
+        else:
+            self._discard(resp.connection)
+        self.slots.release()
+        self._released(resp, now)
+
+    def reap(self, now: float) -> float:
+        idle, timeout = self.idle, self.cfg.idle_timeout_s
+        while idle and now - idle[0].idle_since >= timeout:
+            self._discard(idle.popleft())
+        return idle[0].idle_since + timeout if idle else math.inf
+
+    def close_all(self) -> None:
+        while self.idle:
+            self._discard(self.idle.pop())
+
+    def statistics(self) -> UpstreamStatistics:
+        return UpstreamStatistics(self.index, self.cfg.url, self.protocol, self.open, len(self.idle),
+                                  self.open - len(self.idle), self.outstanding, self.waiting)
+
+
+class _H2Upstream(_Upstream):
+    protocol = "h2c"
+
+    def __init__(self, index: int, cfg: Upstream, pool: UpstreamPool, metrics: Metrics | None) -> None:
+        super().__init__(index, cfg, pool, metrics)
+        self.conns: list[H2Connection] = []
+        self.opening = False
+        self.lot = trio.lowlevel.ParkingLot()  # callers waiting for a stream slot
+
+    async def start(self, method: bytes, target: bytes, headers: Headers, body: Any) -> H2Response:
+        self.outstanding += 1
+        started = trio.current_time()
+        if isinstance(body, _BYTES_LIKE):
+            headers = framed(method, headers, body)
+        block = h2_request_headers(method, self._target(target), headers, authority=self.authority)
+        try:
+            resp = await self._exchange(block, body)
+        except BaseException as exc:
+            self._failed(exc)
+            raise
+        resp.owner = self
+        resp.started_at = started
+        return resp
+
+    async def _exchange(self, block: Headers, body: Any) -> H2Response:
+        conn = await self._connection()  # connect failures are not retried here
+        try:
+            return await conn.send(block, body)
+        except UpstreamError as exc:
+            if exc.request_sent or not isinstance(body, _BYTES_LIKE):
+                raise
+        return await (await self._connection()).send(block, body)  # the one retry: it was not processed
+
+    async def _connection(self) -> H2Connection:
+        while True:
+            for conn in self.conns:
+                if conn.has_capacity():
+                    return conn
+            live = sum(1 for c in self.conns if not c.goaway)
+            if not self.opening and live < self.cfg.max_connections:
+                return await self._open()
+            self.waiting += 1
+            try:
+                await self.lot.park()
+            finally:
+                self.waiting -= 1
+
+    async def _open(self) -> H2Connection:
+        self.opening = True
+        try:
+            conn = await self._connect_timed(lambda: H2Connection.open(
+                self.host, self.port, nursery=self.pool.nursery, label=self.hostport, on_change=self._changed))
+        finally:
+            self.opening = False
+            self.lot.unpark_all()  # waiters re-check: a new connection, or their turn to open one
+        self.conns.append(conn)
+        self.connections.inc()
+        return conn
+
+    def _changed(self, conn: H2Connection) -> None:
+        """A connection's capacity changed (stream ended, settings, GOAWAY, closed)."""
+        if conn.closed or conn.goaway:
+            if conn.closed and conn in self.conns:
+                self.conns.remove(conn)
+                self.connections.dec()
+            self.lot.unpark_all()  # waiters may now open a connection
+            return
+        self.lot.unpark()  # a stream slot may be free
+        if not conn.active_streams:
+            self.pool.reap_by(conn.idle_since + self.cfg.idle_timeout_s)
+
+    def release(self, resp: H2Response) -> None:
+        self._released(resp, trio.current_time())
+
+    def reap(self, now: float) -> float:
+        timeout, next_at = self.cfg.idle_timeout_s, math.inf
+        for conn in list(self.conns):
+            if conn.active_streams or conn.closed:
+                continue
+            if now - conn.idle_since >= timeout:
+                conn.close()  # _changed() drops it from the list
+            else:
+                next_at = min(next_at, conn.idle_since + timeout)
+        return next_at
+
+    def close_all(self) -> None:
+        for conn in list(self.conns):
+            conn.close()
+
+    def statistics(self) -> UpstreamStatistics:
+        streams = sum(c.active_streams for c in self.conns)
+        idle = sum(1 for c in self.conns if not c.active_streams)
+        return UpstreamStatistics(self.index, self.cfg.url, self.protocol, len(self.conns), idle,
+                                  streams, self.outstanding, self.waiting)
+
+
+class _Exchange:
+    """`async with pool.request(...) as response`: a class, not a generator, to keep the hot path short."""
+
+    __slots__ = ("_args", "_resp", "_up")
+
+    def __init__(self, up: Any, args: tuple[Any, ...]) -> None:
+        self._up, self._args = up, args
+
+    async def __aenter__(self) -> UpstreamResponse:
+        self._resp = await self._up.start(*self._args)
+        return self._resp
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._resp.aclose()
+
+
+class UpstreamPool:
+    def __init__(self, upstreams: list[Upstream], *, metrics: Metrics | None = None) -> None:
+        self._ups: list[_H1Upstream | _H2Upstream] = [
+            (_H2Upstream if u.protocol == "h2c" else _H1Upstream)(i, u, self, metrics) for i, u in enumerate(upstreams)
+        ]
+        self.nursery: trio.Nursery | None = None
+        self.closed = False
+        self._reap_at = -math.inf  # no reaper yet: nothing to wake
+        self._reap_wake: trio.Event | None = None
+        self._nursery_cm: Any = None
+
+    async def __aenter__(self) -> Self:
+        self._nursery_cm = trio.open_nursery()
+        self.nursery = await self._nursery_cm.__aenter__()
+        self._reap_at = math.inf
+        self.nursery.start_soon(self._reaper)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> bool | None:
+        self.closed = True
+        for up in self._ups:
+            up.close_all()
+        assert self.nursery is not None
+        self.nursery.cancel_scope.cancel()
+        return await self._nursery_cm.__aexit__(*exc_info)
+
+    def request(self, upstream: int, method: bytes, target: bytes, headers: Headers,
+                body: bytes | AsyncIterable[bytes] = b"") -> _Exchange:
+        """`async with pool.request(i, b"POST", b"/v1/x", headers, body) as resp:` (see module doc)."""
+        if self.nursery is None:
+            raise RuntimeError("use `async with UpstreamPool(...)` before sending requests")
+        return _Exchange(self._ups[upstream], (method, target, headers, body))
+
+    def authority(self, upstream: int) -> bytes:
+        """HOST:PORT of upstream `upstream` as written in its URL (the Host to send when the client gave none)."""
+        return self._ups[upstream].authority
+
+    def reap_by(self, at: float) -> None:
+        """Make sure the reaper wakes by `at` (a connection just went idle)."""
+        if at < self._reap_at and self._reap_wake is not None:
+            self._reap_at = at
+            self._reap_wake.set()
+
+    async def _reaper(self) -> None:
+        # With nothing idle it still wakes once per shortest idle timeout: otherwise
+        # every release would wake it (a connection goes idle and is taken again
+        # before the reaper runs), a task switch per request for nothing.
+        period = min((up.cfg.idle_timeout_s for up in self._ups), default=math.inf)
+        while True:
+            self._reap_wake = trio.Event()
+            now = trio.current_time()
+            self._reap_at = min(min((up.reap(now) for up in self._ups), default=math.inf), now + period)
+            with trio.move_on_at(self._reap_at):
+                await self._reap_wake.wait()
+
+    def statistics(self) -> PoolStatistics:
+        return PoolStatistics(tuple(up.statistics() for up in self._ups))
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"#{s.index} {s.protocol} open={s.open_connections} outstanding={s.outstanding}"
+                          for s in (up.statistics() for up in self._ups))
+        return f"<UpstreamPool {parts}>"

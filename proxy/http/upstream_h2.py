@@ -1,0 +1,527 @@
+"""HTTP/2 cleartext (prior knowledge) upstream connection: many concurrent streams on one socket.
+
+Theory of operation: `H2Connection.open(host, port, nursery=...)` connects, sends
+the preface and our SETTINGS, starts two tasks in the given nursery and returns
+once the peer's SETTINGS arrived and ours were acknowledged (so
+`max_streams` and the windows are known). The reader task feeds every received
+byte to h2 and turns events into per-stream state, waking the one task that
+waits on that stream. Whoever mutates the h2 state machine then calls `_flush()`,
+which never awaits: it writes h2's output with one non-blocking write when
+nothing is queued ahead, and hands whatever the socket did not take to the
+writer task. So a request that is cancelled can never leave half a frame on the
+wire, and the common request costs no writer task switch. `send(block, body)` opens a stream, uploads the body
+under flow control and returns an `H2Response` once the head arrived;
+`receive()` hands back DATA as it came and returns its flow-control credit as it
+is consumed (so a slow consumer slows the upstream, never buffers without bound).
+
+Invariants:
+- `_streams` holds exactly the streams a caller still owns; `forget()` removes
+  one once, resetting it with CANCEL unless both sides ended, and returns the
+  credit of unread DATA so the connection window never leaks.
+- bytes leave in the order h2 produced them (HPACK state depends on it): a
+  direct write happens only with `_outbox` empty and the writer idle; the
+  writer sends `_outbox` before anything h2 still holds.
+- a stream the peer refused (REFUSED_STREAM, or above GOAWAY's last_stream_id)
+  fails with request_sent=False: RFC 9113 8.7 says it was not processed.
+
+h2 4.x closes its connection state machine on a received GOAWAY, so DATA for
+streams the peer promised to finish would raise (python-hyper/h2#1181);
+`_GracefulStateMachine` keeps it open and we refuse new streams ourselves. h2
+also drops its unsent buffer on GOAWAY, so the reader drains it into `_outbox`
+before every `receive_data`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, ClassVar, Self
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import h2.settings
+import trio
+from h2.connection import ConnectionInputs, ConnectionState
+from h2.errors import ErrorCodes
+
+from proxy.errors import ProtocolError, UpstreamConnectError, UpstreamProtocolError
+from proxy.http.forward import h2_request_headers
+from proxy.http.messages import Headers
+
+RECV_BYTES = 65_536
+STREAM_WINDOW = 1 << 20  # per-stream receive window we advertise
+CONNECTION_WINDOW = 16 << 20
+FLUSH_BYTES = 1 << 20  # a body upload waits for the writer past this much queued
+_LAST_STREAM_ID = 2**31 - 2**16  # past this, stop opening streams and drain
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
+_CONFIG = h2.config.H2Configuration(
+    client_side=True, header_encoding=None, validate_outbound_headers=False, normalize_outbound_headers=False
+)
+
+
+class _GracefulStateMachine(h2.connection.H2ConnectionStateMachine):
+    _transitions: ClassVar[dict] = {
+        **h2.connection.H2ConnectionStateMachine._transitions,
+        (ConnectionState.CLIENT_OPEN, ConnectionInputs.RECV_GOAWAY): (None, ConnectionState.CLIENT_OPEN),
+    }
+
+
+def _noop(conn: H2Connection) -> None:
+    pass
+
+
+class _Stream:
+    __slots__ = ("_event", "blocked", "chunks", "ended", "error", "headers", "id", "local_done", "reset", "status")
+
+    def __init__(self, stream_id: int) -> None:
+        self.id = stream_id
+        self.status: int | None = None
+        self.headers: Headers = []
+        self.chunks: deque[tuple[bytes, int]] = deque()  # (data, flow-controlled length)
+        self.ended = False  # peer sent END_STREAM
+        self.local_done = False  # we sent END_STREAM
+        self.reset = False  # peer sent RST_STREAM
+        self.error: UpstreamProtocolError | None = None
+        self.blocked = False  # waiting for send window
+        self._event: trio.Event | None = None
+
+    def wake(self) -> None:
+        event = self._event
+        if event is not None:
+            self._event = None
+            event.set()
+
+    async def wait(self) -> None:
+        self._event = event = trio.Event()
+        await event.wait()
+
+
+class H2Connection:
+    def __init__(self, stream: trio.SocketStream, label: str, on_change: Callable[[H2Connection], None]) -> None:
+        self._stream = stream
+        self._h2 = h2.connection.H2Connection(config=_CONFIG)
+        self._h2.state_machine = _GracefulStateMachine()
+        self._streams: dict[int, _Stream] = {}
+        self._fd = stream.socket.fileno()
+        self._outbox: list[bytes] = []  # bytes for the writer task, oldest first
+        self._queued = 0  # bytes in _outbox
+        self._writing = False  # the writer task is inside send_all
+        self._wake = trio.Event()
+        self._flushed = trio.Event()
+        self._settings_seen = self._settings_acked = False
+        self._ready = trio.Event()
+        self.label = label
+        self.on_change = on_change  # told when capacity may have changed (stream ended, GOAWAY, closed)
+        self.max_streams = 100
+        self.goaway = False  # no new streams: the peer said GOAWAY or ids ran out
+        self.closed = False
+        self.error: UpstreamProtocolError | None = None
+        self.requests = 0
+        self.idle_since = trio.current_time()
+
+    @classmethod
+    async def open(cls, host: str, port: int, *, nursery: trio.Nursery, label: str = "",
+                   on_change: Callable[[H2Connection], None] = _noop) -> H2Connection:
+        """Connect and handshake; bounded by the caller's cancel scope. Tasks run in `nursery`."""
+        label = label or f"{host}:{port}"
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError as exc:
+            raise UpstreamConnectError(f"upstream {label}: connect failed: {exc}", upstream=label) from exc
+        conn = cls(stream, label, on_change)
+        h = conn._h2
+        h.local_settings = h2.settings.Settings(client=True, initial_values={
+            h2.settings.SettingCodes.ENABLE_PUSH: 0, h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW})
+        h.initiate_connection()
+        h.increment_flow_control_window(CONNECTION_WINDOW - 65_535)
+        nursery.start_soon(conn._read_loop)
+        nursery.start_soon(conn._write_loop)
+        conn._flush()
+        try:
+            await conn._ready.wait()
+        except BaseException:
+            conn.close()
+            raise
+        if conn.error is not None:
+            raise conn.error
+        return conn
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(cls, host: str, port: int, *, label: str = "") -> AsyncIterator[H2Connection]:
+        """Standalone use (load generator, tests): a connection with its own nursery."""
+        async with trio.open_nursery() as nursery:
+            conn = await cls.open(host, port, nursery=nursery, label=label)
+            try:
+                yield conn
+            finally:
+                conn.close()
+
+    def has_capacity(self) -> bool:
+        return not self.goaway and not self.closed and len(self._streams) < self.max_streams
+
+    @property
+    def active_streams(self) -> int:
+        return len(self._streams)
+
+    def close(self) -> None:
+        """Close the socket now; streams still owned fail. Synchronous (cancel-safe)."""
+        if self.closed:
+            return
+        if self.error is None:  # a clean close: say GOAWAY if the socket takes it at once
+            self._h2.close_connection()
+            self._flush()
+            if self.closed:  # the write failed and _fail() closed it
+                return
+        self.closed = True
+        self._stream.socket.close()
+        for s in self._streams.values():
+            if not s.ended and s.error is None:
+                s.error = UpstreamProtocolError(
+                    f"upstream {self.label}: connection lost ({self.error or 'closed'})", upstream=self.label, request_sent=True)
+            s.wake()
+        self._ready.set()
+        self._flushed.set()
+        self._wake.set()  # lets the writer task see `closed` and end
+        self.on_change(self)
+
+    def _fail(self, why: str) -> None:
+        if self.error is None:
+            self.error = UpstreamProtocolError(f"upstream {self.label}: {why}", upstream=self.label, request_sent=False)
+        self.close()
+
+    def _flush(self) -> None:
+        """Send what h2 has produced: straight into the socket if it takes it now, else via the writer.
+
+        The synchronous non-blocking write saves the writer's task switch on
+        almost every request. Order holds: we write directly only when nothing
+        is queued or being written ahead of us.
+        """
+        data = self._h2.data_to_send()
+        if not data or self.closed:
+            return
+        if self._outbox or self._writing:
+            self._queue(data)
+            return
+        try:
+            sent = os.write(self._fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self._fail(f"send failed: {exc!r}")
+            return
+        if sent < len(data):
+            self._queue(data[sent:])
+
+    def _queue(self, data: bytes) -> None:
+        self._outbox.append(data)
+        self._queued += len(data)
+        self._wake.set()
+
+    async def send_request(self, method: bytes, target: bytes, headers: Headers, body: Any = b"",
+                           *, scheme: bytes = b"http") -> H2Response:
+        """HTTP/1.1-style request (Host header, no pseudo-headers) for direct use."""
+        return await self.send(h2_request_headers(method, target, headers, scheme=scheme, authority=self.label.encode()), body)
+
+    async def send(self, block: Headers, body: bytes | AsyncIterable[bytes] = b"") -> H2Response:
+        """Open a stream with header `block` (pseudo-headers first), upload `body`, wait for the head."""
+        await trio.lowlevel.checkpoint_if_cancelled()  # the HEADERS write below does not checkpoint
+        if not self.has_capacity():
+            raise UpstreamProtocolError(f"upstream {self.label}: connection takes no new streams", upstream=self.label)
+        h = self._h2
+        sid = h.get_next_available_stream_id()
+        s = _Stream(sid)
+        empty = isinstance(body, _BYTES_LIKE) and not body
+        try:
+            h.send_headers(sid, block, end_stream=empty)
+        except h2.exceptions.ProtocolError as exc:
+            raise ProtocolError(f"upstream {self.label}: cannot send request headers: {exc}") from exc
+        s.local_done = empty
+        self._streams[sid] = s
+        self.requests += 1
+        self.goaway = self.goaway or sid >= _LAST_STREAM_ID
+        self._flush()
+        try:
+            if isinstance(body, _BYTES_LIKE):
+                if body:
+                    await self._upload(s, body, True)
+            else:
+                async for chunk in body:
+                    if chunk:
+                        await self._upload(s, chunk, False)
+                if not s.local_done and not (s.ended or s.reset):
+                    h.end_stream(sid)
+                    s.local_done = True
+                    self._flush()
+            while s.status is None:
+                if s.error is not None:
+                    raise s.error
+                if s.ended:
+                    raise UpstreamProtocolError(f"upstream {self.label}: stream {sid} ended without a response",
+                                                upstream=self.label, request_sent=True)
+                await s.wait()
+        except BaseException:
+            self.forget(s)
+            raise
+        return H2Response(self, s)
+
+    async def _upload(self, s: _Stream, data: Any, end: bool) -> None:
+        """Send `data` as DATA frames as windows allow; stops if the peer already ended or reset."""
+        h = self._h2
+        view = memoryview(data)
+        offset, total = 0, len(view)
+        while offset < total:
+            if s.error is not None:
+                raise s.error
+            if s.ended or s.reset:
+                return  # the peer answered early; forget() resets our half
+            try:
+                size = min(h.local_flow_control_window(s.id), h.max_outbound_frame_size, total - offset)
+                if size > 0:
+                    h.send_data(s.id, view[offset:offset + size], end_stream=end and offset + size == total)
+            except h2.exceptions.ProtocolError as exc:
+                raise UpstreamProtocolError(f"upstream {self.label}: stream {s.id}: {exc}",
+                                            upstream=self.label, request_sent=True) from exc
+            if size <= 0:
+                s.blocked = True
+                await s.wait()
+                s.blocked = False
+                continue
+            offset += size
+            self._flush()
+            while self._queued >= FLUSH_BYTES and not self.closed:  # the socket is not keeping up
+                await self._flushed.wait()
+        s.local_done = s.local_done or end
+
+    def consumed(self, s: _Stream, flow: int) -> None:
+        """Hand `flow` bytes of window back for DATA the caller has taken."""
+        if self.closed or not flow:
+            return
+        self._h2.acknowledge_received_data(flow, s.id)
+        self._flush()
+
+    def forget(self, s: _Stream) -> None:
+        """The caller is done with `s`: reset it unless finished, return unread credit. Once per stream."""
+        if self._streams.pop(s.id, None) is None:
+            return
+        if not self.closed:
+            h = self._h2
+            unread = sum(flow for _, flow in s.chunks)
+            s.chunks.clear()
+            try:
+                if not (s.ended and s.local_done) and not s.reset:
+                    h.reset_stream(s.id, ErrorCodes.CANCEL)
+                if unread:
+                    h.acknowledge_received_data(unread, s.id)
+            except h2.exceptions.ProtocolError:
+                pass  # the stream closed meanwhile: nothing to reset
+            self._flush()
+        if not self._streams:
+            self.idle_since = trio.current_time()
+            if self.goaway:
+                self.close()
+        self.on_change(self)
+
+    async def _write_loop(self) -> None:
+        h = self._h2
+        try:
+            while True:
+                await self._wake.wait()
+                if self.closed:
+                    return
+                self._wake = trio.Event()
+                data = b"".join(self._outbox) + h.data_to_send()  # h2's own buffer is the newer part
+                self._outbox.clear()
+                self._queued = 0
+                if data:
+                    self._writing = True
+                    await self._stream.send_all(data)
+                    self._writing = False
+                flushed, self._flushed = self._flushed, trio.Event()
+                flushed.set()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._fail(f"send failed: {exc!r}")
+
+    async def _read_loop(self) -> None:
+        h = self._h2
+        dispatch = self._DISPATCH
+        try:
+            while True:
+                data = await self._stream.receive_some(RECV_BYTES)
+                if not data:
+                    self._fail("closed the connection")
+                    return
+                self._flush()  # h2 would drop unsent bytes on GOAWAY (module doc)
+                for event in h.receive_data(data):
+                    handler = dispatch.get(type(event))
+                    if handler is not None:
+                        handler(self, event)
+                self._flush()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._fail(f"receive failed: {exc!r}")
+        except h2.exceptions.ProtocolError as exc:
+            self._fail(f"HTTP/2 protocol error: {exc}")
+
+    def _on_response(self, event: h2.events.ResponseReceived) -> None:
+        s = self._streams.get(event.stream_id)
+        if s is None:
+            return
+        headers = []
+        for k, v in event.headers:
+            if k[:1] != b":":
+                headers.append((k, v))
+            elif k == b":status":
+                s.status = int(v)
+        s.headers = headers
+        s.wake()
+
+    def _on_data(self, event: h2.events.DataReceived) -> None:
+        s = self._streams.get(event.stream_id)
+        if s is None:  # nobody reads it: give the connection credit back at once (flushed by the reader)
+            if event.flow_controlled_length:
+                self._h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            return
+        s.chunks.append((event.data, event.flow_controlled_length))
+        s.wake()
+
+    def _on_end(self, event: h2.events.StreamEnded) -> None:
+        s = self._streams.get(event.stream_id)
+        if s is not None:
+            s.ended = True
+            s.wake()
+
+    def _on_reset(self, event: h2.events.StreamReset) -> None:
+        s = self._streams.get(event.stream_id)
+        if s is None:
+            return
+        s.reset = True
+        if not s.ended:  # after a complete response, a reset only stops our upload (RFC 9113 8.1)
+            code = event.error_code
+            name = code.name if isinstance(code, ErrorCodes) else str(code)
+            s.error = UpstreamProtocolError(f"upstream {self.label} reset stream {s.id}: {name}",
+                                            upstream=self.label, request_sent=code != ErrorCodes.REFUSED_STREAM)
+        s.wake()
+
+    def _on_window(self, event: h2.events.WindowUpdated) -> None:
+        if event.stream_id:
+            s = self._streams.get(event.stream_id)
+            if s is not None and s.blocked:
+                s.wake()
+            return
+        self._wake_blocked()
+
+    def _wake_blocked(self) -> None:
+        for s in self._streams.values():
+            if s.blocked:
+                s.wake()
+
+    def _on_settings(self, event: h2.events.RemoteSettingsChanged) -> None:
+        self.max_streams = self._h2.remote_settings.max_concurrent_streams
+        self._settings_seen = True
+        if self._settings_acked:
+            self._ready.set()
+        self._wake_blocked()  # INITIAL_WINDOW_SIZE may have grown
+        self.on_change(self)
+
+    def _on_settings_ack(self, event: h2.events.SettingsAcknowledged) -> None:
+        self._settings_acked = True
+        if self._settings_seen:
+            self._ready.set()
+
+    def _on_goaway(self, event: h2.events.ConnectionTerminated) -> None:
+        self.goaway = True
+        last = event.last_stream_id or 0
+        for s in self._streams.values():
+            if s.id > last and not s.ended and s.error is None:
+                s.error = UpstreamProtocolError(f"upstream {self.label}: GOAWAY before stream {s.id} was processed",
+                                                upstream=self.label, request_sent=False)
+                s.wake()
+        if not self._streams:
+            self._fail("GOAWAY")
+        self.on_change(self)
+
+    _DISPATCH: ClassVar[dict[type, Callable[[H2Connection, Any], None]]] = {
+        h2.events.ResponseReceived: _on_response,
+        h2.events.DataReceived: _on_data,
+        h2.events.StreamEnded: _on_end,
+        h2.events.StreamReset: _on_reset,
+        h2.events.WindowUpdated: _on_window,
+        h2.events.RemoteSettingsChanged: _on_settings,
+        h2.events.SettingsAcknowledged: _on_settings_ack,
+        h2.events.ConnectionTerminated: _on_goaway,
+    }
+
+    def statistics(self) -> dict[str, Any]:
+        return {"label": self.label, "streams": len(self._streams), "max_streams": self.max_streams,
+                "requests": self.requests, "goaway": self.goaway, "closed": self.closed}
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "goaway" if self.goaway else "open"
+        return f"<H2Connection {self.label} {state} streams={len(self._streams)}/{self.max_streams} requests={self.requests}>"
+
+
+class H2Response:
+    """A response being received on one stream. `owner` (the pool) is told once when it is closed."""
+
+    __slots__ = ("_s", "closed", "complete", "connection", "failed", "headers", "owner", "started_at", "status")
+    http_version = "2"
+
+    def __init__(self, connection: H2Connection, stream: _Stream) -> None:
+        self.status: int = stream.status or 0
+        self.headers = stream.headers
+        self.connection = connection
+        self._s = stream
+        self.complete = False
+        self.failed = False  # receive() raised: the upstream broke the response
+        self.closed = False
+        self.owner: Any = None
+        self.started_at = 0.0
+
+    async def receive(self) -> bytes:
+        """Next DATA as it arrived; b"" once the stream has ended."""
+        s = self._s
+        while True:
+            if s.chunks:
+                data, flow = s.chunks.popleft()
+                self.connection.consumed(s, flow)
+                if data:
+                    return data
+                continue
+            if s.ended:
+                self.complete = True
+                return b""
+            if s.error is not None:
+                self.failed = True
+                raise s.error
+            await s.wait()
+
+    async def read(self) -> bytes:
+        """The whole remaining body (for small responses and tests)."""
+        parts = []
+        while chunk := await self.receive():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def aclose(self) -> None:
+        """Finish with the stream (RST_STREAM CANCEL if unfinished). Never awaits (cancel-safe)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.connection.forget(self._s)
+        if self.owner is not None:
+            self.owner.release(self)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        state = "complete" if self.complete else "streaming"
+        return f"<H2Response {self.status} {state} stream={self._s.id} via {self.connection!r}>"

@@ -1,0 +1,271 @@
+"""HTTP/2 server connection over in-memory streams, driven frame by frame by `H2Peer`,
+on trio's autojump clock (every test takes `autojump_clock`)."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.testing
+from h2.errors import ErrorCodes
+from h2.settings import SettingCodes
+
+from proxy.http.exchange import ServerContext
+from proxy.http.h2server import STREAM_WINDOW, H2Connection
+from proxy.policy.schema import Listen
+from proxy.runtime.metrics import Metrics
+from proxy.testing.handlers import Gate, H2Peer, Router, blob, echo, hello, pattern
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+LIMITS = Listen(
+    max_body_bytes=2_000_000,
+    max_header_bytes=2048,
+    max_concurrent_streams=4,
+    header_timeout_s=5.0,
+    idle_timeout_s=30.0,
+)
+
+
+@asynccontextmanager
+async def connection(
+    handler, limits: Listen = LIMITS, metrics: Metrics | None = None, **peer_options
+):
+    client_stream, server_stream = trio.testing.memory_stream_pair()
+    ctx = ServerContext(handler, limits, metrics)
+    conn = H2Connection(ctx, server_stream, "192.0.2.9", trio.current_time())
+    done = trio.Event()
+
+    async def run() -> None:
+        await conn.run(b"")
+        done.set()
+
+    # Virtual seconds: with autojump a deadlocked test fails at once instead of spinning.
+    with trio.fail_after(3600):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            peer = H2Peer(client_stream, **peer_options)
+            await peer.start()
+            await peer.until(lambda: peer.remote_max_streams is not None)  # the server's SETTINGS
+            yield peer, ctx, conn, done
+            nursery.cancel_scope.cancel()
+
+
+async def test_request_fields_and_response(autojump_clock):
+    async with connection(echo) as (peer, _, _, _):
+        sid = await peer.request(b"/e?q=1", method=b"POST", headers=[(b"x-a", b"1")], body=b"hi")
+        await peer.until(lambda: peer.streams[sid].ended)
+        response = peer.streams[sid]
+        assert (response.status, response.body) == (200, b"hi")
+        assert response.header(b"x-echo-target") == b"/e?q=1"
+        assert response.header(b"x-echo-authority") == b"test"
+        assert response.header(b"x-echo-version") == b"2"
+        assert response.header(b"x-echo-client") == b"192.0.2.9"
+        assert peer.remote_max_streams == LIMITS.max_concurrent_streams
+
+
+async def test_unread_body_of_one_stream_does_not_block_the_others(autojump_clock):
+    gate = Gate()
+    async with connection(Router({b"/slow": gate, b"/fast": echo})) as (peer, _, conn, _):
+        slow = await peer.request(b"/slow", method=b"POST", end=False)
+        await gate.arrived.wait()
+        await peer.send(slow, b"x" * STREAM_WINDOW)  # fills the slow stream's whole window, unread
+        for _ in range(3):
+            fast = await peer.request(b"/fast", method=b"POST", body=b"y" * 100_000)
+            await peer.until(lambda fast=fast: peer.streams[fast].ended)
+            assert peer.streams[fast].body == b"y" * 100_000
+        assert conn.streams[slow].body._parts  # the slow body is still buffered, unread
+
+
+async def test_large_request_body_flows_as_the_handler_consumes_it(autojump_clock):
+    body = pattern(1_500_000)  # far past the initial windows: needs WINDOW_UPDATEs
+    async with connection(echo) as (peer, _, _, _):
+        sid = await peer.request(method=b"POST", end=False)
+        offset = 0
+        while offset < len(body):
+            window = peer.conn.local_flow_control_window(sid)
+            if window == 0:
+                await peer.receive()
+                continue
+            size = min(window, len(body) - offset)
+            await peer.send(sid, body[offset : offset + size])
+            offset += size
+        await peer.send(sid, b"", end=True)
+        await peer.until(lambda: peer.streams[sid].ended)
+        assert peer.streams[sid].body == body
+
+
+async def test_response_waits_for_the_clients_window(autojump_clock):
+    size = 100_000
+    settings = {SettingCodes.INITIAL_WINDOW_SIZE: 16_384}
+    async with connection(blob(size), auto_ack=False, settings=settings) as (peer, _, _, _):
+        sid = await peer.request()
+        stream = peer.streams[sid]
+        await peer.until(lambda: len(stream.body) == 16_384)
+        await trio.testing.wait_all_tasks_blocked()
+        with trio.move_on_after(1):
+            await peer.receive()  # nothing more may come until the window opens
+        assert len(stream.body) == 16_384 and not stream.ended
+        while not stream.ended:
+            await peer.ack(sid, 16_384)
+            await peer.receive()
+        assert stream.body == pattern(size)
+
+
+async def test_streams_beyond_max_concurrent_are_refused(autojump_clock):
+    gate = Gate()
+    routes = Router({b"/wait": gate, b"/": hello})
+    async with connection(routes, obey_stream_limit=False) as (peer, _, _, _):
+        waiting = [await peer.request(b"/wait") for _ in range(LIMITS.max_concurrent_streams)]
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(gate.requests) == LIMITS.max_concurrent_streams
+        refused = await peer.request(b"/")
+        await peer.until(lambda: peer.streams[refused].reset_code is not None)
+        assert peer.streams[refused].reset_code == ErrorCodes.REFUSED_STREAM
+        gate.release.set()
+        await peer.until(lambda: all(peer.streams[s].ended for s in waiting))
+        again = await peer.request(b"/")
+        await peer.until(lambda: peer.streams[again].ended)
+        assert peer.streams[again].status == 200
+
+
+async def test_rst_stream_cancels_that_handler_only(autojump_clock):
+    gone, kept = Gate(), Gate()
+    async with connection(Router({b"/gone": gone, b"/kept": kept})) as (peer, ctx, _, _):
+        a = await peer.request(b"/gone")
+        b = await peer.request(b"/kept")
+        await gone.arrived.wait()
+        await kept.arrived.wait()
+        await peer.reset(a)
+        await gone.gone.wait()
+        assert gone.requests[0].client_gone is True
+        kept.release.set()
+        await peer.until(lambda: peer.streams[b].ended)
+        assert peer.streams[b].body == b"released\n"
+        assert kept.requests[0].client_gone is False
+        assert ctx.client_disconnects == 1
+
+
+@pytest.mark.parametrize(
+    ("garbage", "codes"),
+    [
+        (
+            b"\x00\x00\x04\x00\x00\x00\x00\x00\x00abcd",
+            {ErrorCodes.PROTOCOL_ERROR},
+        ),  # DATA on stream 0
+        (
+            b"\x00\x40\x01\x00\x00\x00\x00\x00\x01" + b"z" * 16_385,
+            {ErrorCodes.FRAME_SIZE_ERROR},
+        ),  # > MAX_FRAME_SIZE
+        (
+            b"\x00\x00\x05\x01\x05\x00\x00\x00\x01\xff\xff\xff\xff\xff",
+            {ErrorCodes.COMPRESSION_ERROR, ErrorCodes.PROTOCOL_ERROR},
+        ),
+    ],
+)
+async def test_protocol_errors_get_goaway_with_their_code(garbage, codes, autojump_clock):
+    metrics = Metrics()
+    async with connection(hello, metrics=metrics) as (peer, ctx, _, done):
+        await peer.stream.send_all(garbage)
+        await peer.until(lambda: peer.goaway is not None)
+        assert peer.goaway[0] in codes
+        await done.wait()
+        assert ctx.protocol_errors == 1
+    kinds = {s.labels["kind"] for s in metrics.protocol_errors.collect()[0].samples if s.value}
+    assert kinds == {f"h2_{ErrorCodes(peer.goaway[0]).name.lower()}"}
+
+
+async def test_no_request_head_in_time_gets_goaway(autojump_clock):
+    async with connection(hello) as (peer, ctx, _, done):
+        start = trio.current_time()
+        await peer.until(lambda: peer.goaway is not None)
+        assert peer.goaway[0] == ErrorCodes.NO_ERROR
+        assert trio.current_time() - start == pytest.approx(LIMITS.header_timeout_s)
+        await done.wait()
+        assert ctx.protocol_errors == 1
+
+
+async def test_idle_connection_gets_goaway(autojump_clock):
+    async with connection(hello) as (peer, ctx, _, done):
+        sid = await peer.request()
+        await peer.until(lambda: peer.streams[sid].ended)
+        answered = trio.current_time()
+        await peer.until(lambda: peer.goaway is not None)
+        assert peer.goaway == (ErrorCodes.NO_ERROR, sid)
+        assert trio.current_time() - answered == pytest.approx(LIMITS.idle_timeout_s)
+        await done.wait()
+        assert ctx.protocol_errors == 0
+
+
+async def test_header_list_over_limit_is_431_on_its_stream(autojump_clock):
+    async with connection(hello) as (peer, _, _, _):
+        big = await peer.request(headers=[(b"x-big", b"a" * 3000)])
+        await peer.until(lambda: peer.streams[big].ended)
+        assert peer.streams[big].status == 431
+        fine = await peer.request()
+        await peer.until(lambda: peer.streams[fine].ended)
+        assert peer.streams[fine].status == 200
+
+
+async def test_declared_body_over_cap_is_413_without_the_handler(autojump_clock):
+    gate = Gate()
+    async with connection(gate) as (peer, _, _, _):
+        sid = await peer.request(
+            method=b"POST", headers=[(b"content-length", b"9999999")], end=False
+        )
+        await peer.until(
+            lambda: peer.streams[sid].ended or peer.streams[sid].reset_code is not None
+        )
+        assert peer.streams[sid].status == 413
+        assert gate.requests == []
+
+
+async def test_streamed_body_crossing_cap_is_413_then_reset_no_error(autojump_clock):
+    limits = Listen(max_body_bytes=100_000, max_concurrent_streams=4)
+    async with connection(echo, limits=limits) as (peer, _, _, _):
+        sid = await peer.request(method=b"POST", end=False)
+        for _ in range(7):
+            await peer.send(sid, b"z" * 16_384)
+        await peer.until(lambda: peer.streams[sid].reset_code is not None)
+        assert peer.streams[sid].status == 413
+        assert peer.streams[sid].reset_code == ErrorCodes.NO_ERROR
+
+
+async def test_handler_failing_after_start_resets_stream_internal_error(autojump_clock):
+    async def handler(request, sink):
+        await sink.start(200, [])
+        raise RuntimeError("boom")
+
+    async with connection(Router({b"/bad": handler, b"/": hello})) as (peer, _, _, _):
+        bad = await peer.request(b"/bad")
+        await peer.until(lambda: peer.streams[bad].reset_code is not None)
+        assert peer.streams[bad].reset_code == ErrorCodes.INTERNAL_ERROR
+        ok = await peer.request(b"/")
+        await peer.until(lambda: peer.streams[ok].ended)
+        assert peer.streams[ok].status == 200
+
+
+async def test_drain_sends_goaway_finishes_in_flight_and_refuses_new(autojump_clock):
+    gate = Gate()
+    async with connection(Router({b"/wait": gate, b"/": hello})) as (peer, ctx, conn, done):
+        in_flight = await peer.request(b"/wait")
+        await gate.arrived.wait()
+        ctx.draining = True
+        conn.drain()
+        await peer.until(lambda: peer.goaway is not None)
+        assert peer.goaway == (ErrorCodes.NO_ERROR, in_flight)
+        late = await peer.request(b"/")  # sent after GOAWAY: above its last-stream-id
+        await peer.until(lambda: peer.streams[late].reset_code is not None)
+        assert peer.streams[late].reset_code == ErrorCodes.REFUSED_STREAM
+        gate.release.set()
+        await peer.until(lambda: peer.streams[in_flight].ended)
+        assert peer.streams[in_flight].body == b"released\n"
+        await done.wait()
+
+
+async def test_head_response_has_length_but_no_body(autojump_clock):
+    async with connection(hello) as (peer, _, _, _):
+        sid = await peer.request(method=b"HEAD")
+        await peer.until(lambda: peer.streams[sid].ended)
+        assert peer.streams[sid].header(b"content-length") == b"6"
+        assert peer.streams[sid].body == b""
