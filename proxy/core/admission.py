@@ -1,0 +1,458 @@
+"""The admission controller: who goes upstream now, who waits, who is told no.
+
+Theory of operation (decide under bookkeeping, act outside): every method takes
+`now` and returns decision values (proxy/core/decisions.py); the trio layer
+(proxy/runtime/scheduler.py) wakes the waiters those decisions name.
+
+- `arrive(ticket, now)`: a past deadline is rejected (DEADLINE_EXPIRED); then the pre-enqueue
+  `checks` run in list order (each `(controller, ticket, now) -> Reject | None`;
+  shedding and deadline rules plug in here); then, with nobody waiting, the
+  ticket is placed at once if some upstream has room. Otherwise it joins its
+  class queue and a dispatch round runs (it may still be first in line, or fit a
+  reserved slot); if it is still waiting and its class is over
+  `max_queue_length`, it leaves again with Reject(QUEUE_FULL). One that would
+  have to wait but is already past its expiry time (it cannot afford any wait)
+  leaves with Reject(DEADLINE_UNMEETABLE).
+- Dispatch round (after every event that can free room): offer the slot to
+  overdue heads first (past their class's max_queue_wait_ms, oldest overdue
+  first, whatever their class), then to class heads in `ClassPicker` order. The
+  first candidate that fits is admitted and the round starts over; once one
+  does not fit, the general pool is held for it and later candidates may only
+  use their own reserved slots (no overtaking, so big requests are not starved).
+- A queued ticket whose deadline can no longer be met is never admitted: it
+  expires at its expiry time (proxy/core/waitline.py: deadline - expected
+  service time, or the deadline for on_unmeetable = "try" classes), found by
+  `expire(now)` or by a dispatch round that reaches it. Decisions for *other*
+  waiters (Admit, Expired) go to an outbox that `take_woken()` empties; callers
+  drain it after each call (`release` returns it directly).
+- `release(lease, now, outcome, rtt_ms, observed)` ends a lease exactly once,
+  feeds the limit (SUCCESS, DROPPED), the service model (SUCCESS), the balancer
+  (REFUSED), then dispatches.
+
+Reload (`apply_policy`): queued tickets survive and are re-keyed under the new
+order/aging (O(n log n), reloads are rare); tickets of a class that no longer
+exists move to the new default class. In-flight leases are re-counted under the
+new unit and reservations; a changed `[limits]` section restarts the limits.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from proxy.core.balancer import Balancer
+from proxy.core.capacity import Capacity
+from proxy.core.cost import Cost, CostEstimator
+from proxy.core.decisions import (
+    Admit,
+    Enqueue,
+    Expired,
+    Lease,
+    LeaseError,
+    Observed,
+    Outcome,
+    Reject,
+    Ticket,
+)
+from proxy.core.limits import make_limit
+from proxy.core.rates import DecayedRate
+from proxy.core.service_model import ServiceModels
+from proxy.core.sjf import Entry
+from proxy.core.waitline import Waitline
+from proxy.core.wire import Reason
+
+if TYPE_CHECKING:
+    import random
+
+Check = Callable[["AdmissionController", Ticket, float], "Reject | None"]
+
+_NOTHING_OBSERVED = Observed()
+# A ticket that would have to queue but cannot afford any wait (now >= its expiry time).
+_NO_TIME_TO_WAIT = Reject(
+    Reason.DEADLINE_UNMEETABLE, None, "the deadline leaves no time to wait for a slot"
+)
+
+
+class AdmissionController:
+    def __init__(
+        self,
+        policy,
+        upstream_count: int | None = None,
+        rng: random.Random | None = None,
+        *,
+        balancer: Balancer | None = None,
+    ) -> None:
+        """`rng` breaks the balancer's ties; give one, or a ready `balancer`."""
+        self.upstream_count = n = upstream_count or len(policy.upstreams)
+        if balancer is None:
+            if rng is None:
+                raise ValueError("an injected random.Random (rng) or a balancer is required")
+            balancer = Balancer(n, _cooldowns(policy, n), rng=rng)
+        self.balancer = balancer
+        # Pre-enqueue hooks, run in order: (controller, ticket, now) -> Reject | None.
+        self.checks: list[Check] = []
+        self.retry_after: Callable[[AdmissionController, str, float], int] = default_retry_after
+        self._ticket_ids, self._lease_ids = itertools.count(1), itertools.count(1)
+        self._leases: dict[int, Lease] = {}
+        self._charges: dict[int, int] = {}  # lease id -> units charged now (re-counted on reload)
+        self._outbox: list[Admit | Expired] = []
+        self._newcomer: int | None = None  # the ticket whose own decision arrive() returns
+        self._newcomer_admit: Admit | None = None
+        self._inflight_expected_ms = 0.0
+        self._now = 0.0
+        self.counts = {"admitted": 0, "expired": 0, "abandoned": 0, "released": 0, "rejected": {}}
+        self.models = ServiceModels()
+        self.policy = None
+        self.waitline = Waitline(policy.scheduling, policy.classes)
+        self._configure(policy, 0.0)
+
+    # --- arrival ----------------------------------------------------------
+
+    def resolve_class(self, value: bytes | str | None) -> tuple[str, bool]:
+        """(class, known) for an x-priority value; absent or unknown -> the default class."""
+        if value:
+            name = (value.decode("latin-1") if isinstance(value, bytes) else value).strip().lower()
+            if name in self.waitline.queues:
+                return name, True
+            return self.waitline.default_class, False
+        return self.waitline.default_class, True
+
+    def estimate(self, path: str, body: bytes, hint: int | None = None) -> Cost:
+        return self.estimator.estimate(path, body, hint)
+
+    def ticket(self, klass: str, cost: Cost, deadline: float | None = None) -> Ticket:
+        """A ticket with its expected service time from the route's learned model."""
+        expected = self.models.expected_ms(
+            cost.route, cost.prompt_tokens, cost.output_tokens, float(cost.units)
+        )
+        return Ticket(next(self._ticket_ids), klass, cost, expected, deadline)
+
+    def arrive(self, ticket: Ticket, now: float) -> Admit | Enqueue | Reject:
+        self._now = now
+        line = self.waitline
+        if line.get(ticket.id) is not None:
+            raise ValueError(f"ticket {ticket.id} is already queued")
+        if ticket.deadline is not None and now >= ticket.deadline:
+            return self._reject(
+                Reject(Reason.DEADLINE_EXPIRED, None, "the deadline passed before admission")
+            )
+        for check in self.checks:
+            verdict = check(self, ticket, now)
+            if verdict is not None:
+                return self._reject(verdict)
+        alone = not len(line)
+        if alone:
+            placed = self._place(ticket, now, reserve_only=False)
+            if placed is not None:
+                return self._admit(ticket, placed, now, now)
+        entry = line.push(ticket, now)
+        self._arrivals.add(now)
+        if not alone:  # alone, it just failed to fit: a round would fail the same way
+            self._newcomer, self._newcomer_admit = ticket.id, None
+            try:
+                self._dispatch(now)
+            finally:
+                self._newcomer = None
+            if self._newcomer_admit is not None:
+                return self._newcomer_admit
+        expires_at = line.expires_at(ticket)
+        if expires_at is not None and now >= expires_at:  # it must wait, and cannot afford to
+            self._remove(entry)
+            return self._reject(_NO_TIME_TO_WAIT)
+        if line.depth(ticket.klass) > line.classes[ticket.klass].max_queue_length:
+            self._remove(entry)
+            return self._reject(
+                Reject(
+                    Reason.QUEUE_FULL,
+                    self.retry_after(self, ticket.klass, now),
+                    f"the {ticket.klass} queue is full",
+                )
+            )
+        wait = self.expected_wait_ms(ticket.klass, ticket.expected_ms, now, exclude=entry)
+        return Enqueue(ticket, line.depth(ticket.klass), wait, expires_at)
+
+    # --- events that free room or end waits -------------------------------
+
+    def release(
+        self,
+        lease: Lease,
+        now: float,
+        outcome: Outcome,
+        rtt_ms: float | None = None,
+        observed: Observed | None = None,
+    ) -> list[Admit | Expired]:
+        """End `lease` (exactly once) and return the decisions for the waiters it woke."""
+        self._now = now
+        if self._leases.pop(lease.id, None) is None:
+            raise LeaseError(f"lease {lease.id} released twice or never granted")
+        i, t = lease.upstream, lease.ticket
+        inflight = self.capacity.used[i]
+        self.capacity.give(i, t.klass, self._charges.pop(lease.id))
+        self._inflight_expected_ms -= t.expected_ms
+        self._drain.add(now)
+        self.counts["released"] += 1
+        if outcome is Outcome.REFUSED:
+            self.balancer.mark_refused(i, now)
+        elif outcome is Outcome.DROPPED:  # overload signal: back off, latency or not
+            self.capacity.limits[i].on_sample(now, rtt_ms or 0.0, inflight, True)
+        elif outcome is Outcome.SUCCESS and rtt_ms is not None:
+            per = (
+                latency_tokens(t, observed, self.models.fill(t.cost.route))
+                if self._per_token
+                else 1
+            )
+            self.capacity.limits[i].on_sample(now, rtt_ms / per, inflight, False)
+            c, o = t.cost, observed or _NOTHING_OBSERVED
+            self.models.learn(
+                c.route,
+                c.prompt_tokens,
+                c.output_tokens,
+                t.expected_ms,
+                rtt_ms,
+                o.prompt_tokens,
+                o.output_tokens,
+            )
+        self._dispatch(now)
+        return self.take_woken()
+
+    def cancel(self, ticket_id: int, now: float) -> bool:
+        """A queued ticket's client went away: it leaves the queue now. False if it was not queued."""
+        self._now = now
+        entry = self.waitline.get(ticket_id)
+        if entry is None:
+            return False
+        self._remove(entry)
+        self.counts["abandoned"] += 1
+        self._dispatch(now)  # it may have held the general pool
+        return True
+
+    def expire(self, now: float) -> list[Expired]:
+        """Queued tickets whose deadline can no longer be met (answer 504 deadline_expired)."""
+        self._now = now
+        due = self.waitline.pop_due(now)
+        for _ in due:
+            self._leaves.add(now)
+        self.counts["expired"] += len(due)
+        if due:
+            self._dispatch(now)
+        return [Expired(e.ticket, (now - e.enqueued_at) * 1000.0) for e in due]
+
+    def set_capacity_factor(self, index: int, factor: float, now: float) -> list[Admit | Expired]:
+        """Scale upstream `index`'s limit (slow start ramp; 0 closes it). Returns woken waiters."""
+        self.capacity.factors[index] = max(0.0, factor)
+        self._dispatch(now)
+        return self.take_woken()
+
+    def mark_refused(self, index: int, now: float) -> None:
+        self.balancer.mark_refused(index, now)
+
+    def take_woken(self) -> list[Admit | Expired]:
+        out, self._outbox = self._outbox, []
+        return out
+
+    def depth(self, klass: str) -> int:
+        return self.waitline.depth(klass)
+
+    def expiry_of(self, ticket_id: int) -> float | None:
+        """When a queued ticket expires (None: not queued, or no deadline)."""
+        return self.waitline.expiry_of(ticket_id)
+
+    def next_expiry(self) -> float | None:
+        return self.waitline.next_expiry()
+
+    # --- placement and dispatch -------------------------------------------
+
+    def _units(self, ticket: Ticket) -> int:
+        """What the ticket counts against a limit: 1 request, or its tokens."""
+        return 1 if self._unit_requests else max(1, ticket.cost.units)
+
+    def _place(self, ticket: Ticket, now: float, reserve_only: bool) -> tuple[int, int] | None:
+        return self.capacity.place(
+            ticket.klass, self._units(ticket), now, self.balancer, reserve_only
+        )
+
+    def _admit(
+        self, ticket: Ticket, placed: tuple[int, int], now: float, enqueued_at: float
+    ) -> Admit:
+        i, charge = placed
+        lease = Lease(next(self._lease_ids), ticket, i, charge, now, (now - enqueued_at) * 1000.0)
+        self.capacity.take(i, ticket.klass, charge)
+        self._leases[lease.id] = lease
+        self._charges[lease.id] = charge
+        self._inflight_expected_ms += ticket.expected_ms
+        self.counts["admitted"] += 1
+        return Admit(lease)
+
+    def _dispatch(self, now: float) -> None:
+        """Admit (or expire) waiting tickets while room allows; see the module docstring."""
+        line, cap = self.waitline, self.capacity
+        while len(line):
+            if not cap.has_room():
+                return  # the usual saturated case; expiries are found by expire(now)
+            progressed = blocked = False
+            for entry, weighted_pick in line.candidates(now):
+                t = entry.ticket
+                expires_at = line.expires_at(t)
+                if expires_at is not None and now >= expires_at and t.id != self._newcomer:
+                    self._remove(entry)
+                    self.counts["expired"] += 1
+                    self._outbox.append(Expired(t, (now - entry.enqueued_at) * 1000.0))
+                    progressed = True
+                    break
+                placed = self._place(t, now, reserve_only=blocked)
+                if placed is None:
+                    blocked = (
+                        True  # hold the general pool for it: later candidates use reservations only
+                    )
+                    continue
+                if weighted_pick:
+                    line.commit(t.klass)
+                self._remove(entry)
+                admit = self._admit(t, placed, now, entry.enqueued_at)
+                if t.id == self._newcomer:
+                    self._newcomer_admit = admit
+                else:
+                    self._outbox.append(admit)
+                progressed = True
+                break
+            if not progressed:
+                return
+
+    def _remove(self, entry: Entry) -> None:
+        self.waitline.remove(entry)
+        self._leaves.add(self._now)
+
+    def _reject(self, verdict: Reject) -> Reject:
+        rejected = self.counts["rejected"]
+        rejected[verdict.reason.value] = rejected.get(verdict.reason.value, 0) + 1
+        return verdict
+
+    # --- policy -----------------------------------------------------------
+
+    def apply_policy(self, policy, now: float) -> list[Admit | Expired]:
+        """Swap the policy; queued tickets and leases survive (see the module docstring)."""
+        self._now = now
+        self._configure(policy, now)
+        self._dispatch(now)
+        return self.take_woken()
+
+    def _configure(self, policy, now: float) -> None:
+        old, self.policy = self.policy, policy
+        sched, limits = policy.scheduling, policy.limits
+        self._unit_requests = limits.unit == "requests"
+        self._per_token = limits.latency_measure == "ms_per_token"
+        self.estimator = CostEstimator(policy.routes, sched.parse_max_bytes)
+        self.waitline.configure(sched, policy.classes, now)
+        self.models.configure(
+            (*policy.routes, self.estimator.route_for("/")),
+            sched.model_memory_samples,
+            sched.model_prior_samples,
+        )
+        self._configure_capacity(policy, old)
+        if old is None or old.scheduling.drain_window_s != sched.drain_window_s:
+            self._drain, self._arrivals, self._leaves = (
+                DecayedRate(sched.drain_window_s) for _ in range(3)
+            )
+        if len(policy.upstreams) == self.upstream_count:
+            self.balancer.set_cooldowns(_cooldowns(policy, self.upstream_count))
+
+    def _configure_capacity(self, policy, old) -> None:
+        """New limits if [limits] changed; in-flight leases re-counted under the new unit and reservations."""
+        n = self.upstream_count
+        previous = getattr(self, "capacity", None)
+        if previous is not None and old is not None and old.limits == policy.limits:
+            limits = previous.limits
+        else:
+            limits = [make_limit(policy.limits) for _ in range(n)]
+        self.capacity = cap = Capacity(limits, dict(policy.scheduling.reserved_slots))
+        if previous is not None:
+            cap.factors = list(previous.factors)
+        self._charges = cap.recount(
+            (lz.id, lz.upstream, lz.ticket.klass, self._units(lz.ticket))
+            for lz in self._leases.values()
+        )
+
+    # --- what deadlines and shedding read ---------------------------------
+
+    def expected_wait_ms(
+        self, klass: str, expected_ms: float, now: float, exclude: Entry | None = None
+    ) -> float:
+        """Queue wait a would-be arrival of `klass` and `expected_ms` faces (fluid estimate).
+
+        0 when it would be placed at once; else the waiting work served before it
+        (Waitline.work_ahead_ms) plus half the expected work in flight (the mean
+        residual), over the requests in flight (the parallelism that drains it).
+        """
+        nobody_waits = not len(self.waitline) or (exclude is not None and len(self.waitline) == 1)
+        if nobody_waits and any(
+            self.capacity.fits(i, klass, 1) is not None for i in range(len(self.capacity))
+        ):
+            return 0.0
+        ahead = self.waitline.work_ahead_ms(klass, expected_ms, exclude)
+        return (ahead + self._inflight_expected_ms / 2.0) / max(1, sum(self.capacity.requests))
+
+    def statistics(self, now: float | None = None) -> dict:
+        now = self._now if now is None else now
+        classes = self.waitline.statistics(now)
+        arrivals, leaves = self._arrivals.rate(now), self._leaves.rate(now)
+        cap = self.capacity
+        return {
+            "order": self.policy.scheduling.order,
+            "class_mode": self.policy.scheduling.class_mode,
+            "unit": self.policy.limits.unit,
+            "queued": len(self.waitline),
+            "classes": classes,
+            "queued_by_class": tuple(c["depth"] for c in classes.values()),  # best class first
+            "head_wait_ms": max((c["oldest_wait_ms"] for c in classes.values()), default=0.0),
+            "upstreams": cap.statistics(),
+            "inflight_requests": sum(cap.requests),
+            "inflight_units": sum(cap.used),
+            "limit_total": sum(cap.limit(i) for i in range(len(cap))),
+            "drain_rate_per_s": self._drain.rate(now),
+            "queue_growth_per_s": arrivals - leaves,
+            "queue_growing": bool(len(self.waitline)) and arrivals > leaves,
+            "counts": {**self.counts, "rejected": dict(self.counts["rejected"])},
+            "models": self.models.statistics(),
+            "balancer": self.balancer.statistics(now),
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"<AdmissionController {self.waitline!r} leases={len(self._leases)} {self.capacity!r}>"
+        )
+
+
+def latency_tokens(ticket: Ticket, observed: Observed | None, fill: float) -> int:
+    """What `ms_per_token` divides by: generated tokens (a TPOT-like figure, since
+    decode time dominates and grows with the batch); for requests that generate
+    nothing (embeddings), their input tokens. Observed counts when the upstream
+    reported usage, else the estimate (requested output x the learned fill ratio)."""
+    cost = ticket.cost
+    if observed is not None and observed.output_tokens is not None:
+        output = observed.output_tokens
+    else:
+        output = round(cost.output_tokens * fill)
+    if output > 0:
+        return output
+    prompt = (
+        cost.prompt_tokens
+        if observed is None or observed.prompt_tokens is None
+        else observed.prompt_tokens
+    )
+    return max(1, prompt)
+
+
+def default_retry_after(ctl: AdmissionController, klass: str, now: float) -> int:
+    """Retry-After for a full queue: the wait at the back of the class's queue, 0.5-60 s.
+
+    The shedding rules (proxy/core/retry_after.py) bring jitter and policy bounds;
+    assign `controller.retry_after` to use them.
+    """
+    wait = ctl.expected_wait_ms(klass, float("inf"), now)
+    return int(min(60_000.0, max(500.0, wait)))
+
+
+def _cooldowns(policy, n: int) -> list[float] | float:
+    ups = getattr(policy, "upstreams", ())
+    return [u.cooldown_s for u in ups] if len(ups) == n else (ups[0].cooldown_s if ups else 5.0)

@@ -1,0 +1,147 @@
+"""Per-upstream slot accounting: what is in flight, against the limit and reserved slots.
+
+Theory of operation: each upstream has a Limit (proxy/core/limits.py) scaled by a
+capacity factor (1.0 normally; slow start after warm-up multiplies it, 0 closes
+the upstream). Usage is counted in the limit's unit, per class. Reserved slots:
+class c may hold up to R_c units that no other class can use; everything a
+class holds beyond its own reservation comes out of the general pool of
+L - sum(R) units. A placement of `units` for class c fits upstream i iff
+
+    used_i + charge <= L_i                                  (never above the limit)
+    general_i - over_c(before) + over_c(after) <= L_i - sum(R)   (the general pool)
+
+where over_c(u) = max(0, u - R_c). With `reserve_only` (the general pool is held
+for an earlier request that did not fit) only c's own reservation may be used.
+
+A request larger than anything class c could ever hold here (L - sum of other
+classes' reservations) is charged that maximum instead, so it runs alone rather
+than waiting forever; the charge is what `give` returns, so accounting stays
+exact whatever the limit does meanwhile.
+
+Pure bookkeeping; the controller decides, the balancer picks among fitting upstreams.
+"""
+
+from __future__ import annotations
+
+
+class Capacity:
+    __slots__ = (
+        "by_class",
+        "factors",
+        "general",
+        "limits",
+        "requests",
+        "reserved",
+        "reserved_total",
+        "used",
+    )
+
+    def __init__(self, limits: list, reserved: dict[str, int]) -> None:
+        n = len(limits)
+        self.limits = limits
+        self.factors = [1.0] * n
+        self.reserved = dict(reserved)
+        self.reserved_total = sum(reserved.values())
+        self.used = [0] * n  # units in flight
+        self.general = [0] * n  # units in flight beyond their class's reservation
+        self.requests = [0] * n  # leases in flight (for the balancer)
+        self.by_class: list[dict[str, int]] = [{} for _ in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.limits)
+
+    def limit(self, i: int) -> int:
+        factor = self.factors[i]
+        value = self.limits[i].value
+        return value if factor == 1.0 else int(value * factor)
+
+    def has_room(self) -> bool:
+        """Some upstream has a unit free (cheap pre-check before trying candidates)."""
+        used = self.used
+        return any(used[i] < self.limit(i) for i in range(len(used)))
+
+    def fits(self, i: int, klass: str, units: int, reserve_only: bool = False) -> int | None:
+        """Units to charge for placing `units` of `klass` on upstream i, or None if it does not fit."""
+        limit = self.limit(i)
+        own = self.reserved.get(klass, 0)
+        ceiling = limit - self.reserved_total + own
+        if ceiling <= 0:
+            return None
+        charge = min(units, ceiling)
+        if self.used[i] + charge > limit:
+            return None
+        mine = self.by_class[i].get(klass, 0)
+        grow = _over(mine + charge, own) - _over(mine, own)
+        if grow and (reserve_only or self.general[i] + grow > limit - self.reserved_total):
+            return None
+        return charge
+
+    def place(
+        self, klass: str, units: int, now: float, balancer, reserve_only: bool = False
+    ) -> tuple[int, int] | None:
+        """(upstream, units charged) with room, the balancer choosing among those that fit; or None."""
+        if (
+            len(self.limits) == 1
+        ):  # nothing to choose; a lone cooling upstream is still the best one
+            charge = self.fits(0, klass, units, reserve_only)
+            return None if charge is None else (0, charge)
+        fit = {
+            i: c
+            for i in range(len(self.limits))
+            if (c := self.fits(i, klass, units, reserve_only)) is not None
+        }
+        i = balancer.choose(now, fit, self.requests) if fit else None
+        return None if i is None else (i, fit[i])
+
+    def ceiling(self, i: int, klass: str) -> int:
+        """The most class `klass` could ever hold on upstream i (what an oversized request is charged)."""
+        return self.limit(i) - self.reserved_total + self.reserved.get(klass, 0)
+
+    def take(self, i: int, klass: str, charge: int) -> None:
+        mine = self.by_class[i].get(klass, 0)
+        own = self.reserved.get(klass, 0)
+        self.general[i] += _over(mine + charge, own) - _over(mine, own)
+        self.by_class[i][klass] = mine + charge
+        self.used[i] += charge
+        self.requests[i] += 1
+
+    def give(self, i: int, klass: str, charge: int) -> None:
+        mine = self.by_class[i][klass]
+        own = self.reserved.get(klass, 0)
+        self.general[i] -= _over(mine, own) - _over(mine - charge, own)
+        if mine == charge:
+            del self.by_class[i][klass]
+        else:
+            self.by_class[i][klass] = mine - charge
+        self.used[i] -= charge
+        self.requests[i] -= 1
+
+    def recount(self, leases) -> dict[int, int]:
+        """Charge in-flight work afresh (a reload changed the unit or reservations):
+        `leases` yields (lease id, upstream, class, units); returns lease id -> charge."""
+        charges = {}
+        for lease_id, i, klass, units in leases:
+            charges[lease_id] = charge = min(units, max(1, self.ceiling(i, klass)))
+            self.take(i, klass, charge)
+        return charges
+
+    def statistics(self) -> list[dict]:
+        return [
+            {
+                "inflight": self.used[i],
+                "requests": self.requests[i],
+                "limit": self.limit(i),
+                "factor": self.factors[i],
+                "by_class": dict(self.by_class[i]),
+                **{f"limit_{k}": v for k, v in self.limits[i].statistics().items() if k != "limit"},
+            }
+            for i in range(len(self.limits))
+        ]
+
+    def __repr__(self) -> str:
+        return f"<Capacity used={self.used} limits={[self.limit(i) for i in range(len(self))]} reserved={self.reserved}>"
+
+
+def _over(held: int, reserved: int) -> int:
+    """Units of `held` beyond the class's reservation, i.e. out of the general pool."""
+    return held - reserved if held > reserved else 0

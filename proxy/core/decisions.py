@@ -1,0 +1,99 @@
+"""The values admission trades in: tickets in, decisions and leases out.
+
+Theory of operation: a `Ticket` describes one request at arrival (class, cost,
+expected service time, absolute deadline). The controller answers with a
+decision value, never an exception: `Admit(lease)`, `Enqueue(...)`,
+`Reject(reason, retry_after_ms, message)`, and later, for a queued ticket,
+`Admit` or `Expired`. A `Lease` is the right to have one request upstream; it is
+released exactly once with an `Outcome` (a second release is a bug and raises
+`LeaseError`).
+
+`Reject` has the same fields as proxy.core.shedding.Reject (reason,
+retry_after_ms, message, response()), so pre-enqueue checks may return either.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from proxy.core.cost import Cost
+from proxy.core.wire import Reason, rejection
+
+
+class Outcome(enum.Enum):
+    """How an admitted request ended; decides what the limit and service model learn."""
+
+    SUCCESS = "success"  # latency sample for the limit, sample for the service model
+    DROPPED = "dropped"  # the upstream signalled overload (503/429, timeout): the limit backs off
+    ERROR = "error"  # failed for other reasons: no sample
+    REFUSED = "refused"  # connection refused: the upstream cools down, no sample
+    CANCELLED = "cancelled"  # client gone / cancelled: no sample
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    id: int
+    klass: str
+    cost: Cost
+    expected_ms: float
+    deadline: float | None = None  # absolute, seconds on the controller's clock
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    id: int
+    ticket: Ticket
+    upstream: int
+    units: int  # charged against the upstream's limit at admission (the limit's unit)
+    admitted_at: float
+    queue_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    lease: Lease
+
+    @property
+    def ticket(self) -> Ticket:
+        return self.lease.ticket
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    ticket: Ticket
+    depth: int  # live entries in the ticket's class, itself included
+    expected_wait_ms: float
+    expires_at: float | None  # when the controller will expire it (None: no deadline)
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    reason: Reason
+    retry_after_ms: int | None = None
+    message: str = ""
+
+    def response(self) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """Status, headers and JSON body per the wire contract."""
+        return rejection(self.reason, self.message or self.reason.value, self.retry_after_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """A queued ticket whose deadline can no longer be met: answer 504 deadline_expired."""
+
+    ticket: Ticket
+    queue_ms: float
+    reason: Reason = Reason.DEADLINE_EXPIRED
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What the upstream reported it used (OpenAI `usage`), when it did."""
+
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+class LeaseError(RuntimeError):
+    """A lease was released twice or was never granted: a bug in the caller."""

@@ -1,0 +1,209 @@
+"""The waiting line: per-class SJF-with-aging queues and the choice between classes.
+
+Theory of operation. Within a class, order "sjf" serves the smallest key
+    key(now) = expected_ms - aging * waited_ms,   waited_ms = now_ms - enq_ms
+and "fcfs" the earliest arrival. Linear aging needs no re-keying: for any two
+entries i, j at any one `now`,
+    key_i(now) - key_j(now) = (exp_i + aging*enq_i) - (exp_j + aging*enq_j)
+because the `aging * now_ms` terms cancel. So the fixed key
+exp + aging * enq_ms, computed once at enqueue, orders the entries exactly as the
+time-varying key does at every instant, and a plain heap is exact
+(`aging` = aging_ms_per_s / 1000, in ms of key per ms waited).
+FCFS is the same heap keyed by the arrival sequence number.
+
+Starvation bound: past its class's `max_queue_wait_ms` an entry is overdue and
+goes to the front. A FIFO per class (arrival order = overdue order, since the
+bound is per class) gives the oldest entry in O(1); callers check overdue heads
+before the heap (`overdue`). Removal is lazy: an entry is marked dead and skipped
+when it reaches a head; the structures are rebuilt when dead entries outnumber
+live ones, so memory stays O(live).
+
+Between classes, `ClassPicker` orders the classes that have someone waiting:
+"strict" by priority (then name); "weighted" by smooth weighted round robin
+(nginx's SWRR), which over any run where the same classes stay backlogged gives
+each exactly weight/total of the picks, interleaved rather than in bursts. The
+picker is only charged (`commit`) for a pick actually admitted.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+
+class Entry:
+    """A queued ticket; mutable only in `alive` (lazy deletion)."""
+
+    __slots__ = ("alive", "enqueued_at", "key", "seq", "ticket")
+
+    def __init__(self, ticket, enqueued_at: float, seq: int) -> None:
+        self.ticket = ticket
+        self.enqueued_at = enqueued_at
+        self.seq = seq
+        self.key = 0.0
+        self.alive = True
+
+    def __repr__(self) -> str:
+        return f"<Entry {self.ticket.id} {self.ticket.klass} key={self.key:.1f} alive={self.alive}>"
+
+
+_BUCKETS = 48
+
+
+def _bucket(expected_ms: float) -> int:
+    if expected_ms >= 2.0 ** (_BUCKETS - 1):  # also inf: 'behind everything'
+        return _BUCKETS - 1
+    return int(expected_ms).bit_length()
+
+
+def sjf_key(expected_ms: float, enqueued_at: float, aging_ms_per_s: float) -> float:
+    """The fixed heap key equivalent to expected_ms - aging * waited (see module docstring)."""
+    return expected_ms + aging_ms_per_s * enqueued_at
+
+
+class ClassQueue:
+    __slots__ = (
+        "_bucket_ms",
+        "_fifo",
+        "_heap",
+        "aging_ms_per_s",
+        "backlog_ms",
+        "live",
+        "max_wait_s",
+        "name",
+        "order",
+    )
+
+    def __init__(self, name: str, order: str, aging_ms_per_s: float, max_wait_s: float) -> None:
+        self.name = name
+        self.order = order
+        self.aging_ms_per_s = aging_ms_per_s
+        self.max_wait_s = max_wait_s
+        self._heap: list[tuple[float, int, Entry]] = []
+        self._fifo: deque[Entry] = deque()
+        self.live = 0
+        self.backlog_ms = 0.0  # sum of expected_ms of live entries
+        self._bucket_ms = [0.0] * _BUCKETS  # the same sum by log2(expected_ms), for work_ahead_ms
+
+    def __len__(self) -> int:
+        return self.live
+
+    def push(self, entry: Entry) -> None:
+        entry.key = self._key(entry)
+        heapq.heappush(self._heap, (entry.key, entry.seq, entry))
+        self._fifo.append(entry)
+        self.live += 1
+        self.backlog_ms += entry.ticket.expected_ms
+        self._bucket_ms[_bucket(entry.ticket.expected_ms)] += entry.ticket.expected_ms
+
+    def _key(self, entry: Entry) -> float:
+        if self.order == "fcfs":
+            return float(entry.seq)
+        return sjf_key(entry.ticket.expected_ms, entry.enqueued_at, self.aging_ms_per_s)
+
+    def best(self) -> Entry | None:
+        """The live entry with the smallest key."""
+        heap = self._heap
+        while heap and not heap[0][2].alive:
+            heapq.heappop(heap)
+        return heap[0][2] if heap else None
+
+    def oldest(self) -> Entry | None:
+        fifo = self._fifo
+        while fifo and not fifo[0].alive:
+            fifo.popleft()
+        return fifo[0] if fifo else None
+
+    def overdue_at(self) -> float | None:
+        """When the oldest live entry becomes (or became) overdue."""
+        head = self.oldest()
+        return None if head is None else head.enqueued_at + self.max_wait_s
+
+    def remove(self, entry: Entry) -> None:
+        """Take a live entry out (admitted, cancelled, expired)."""
+        entry.alive = False
+        self.live -= 1
+        self.backlog_ms -= entry.ticket.expected_ms
+        self._bucket_ms[_bucket(entry.ticket.expected_ms)] -= entry.ticket.expected_ms
+        if self.live == 0:  # no float drift across busy periods
+            self.backlog_ms = 0.0
+            self._bucket_ms = [0.0] * _BUCKETS
+        if len(self._heap) > 2 * self.live + 64:
+            self._compact()
+
+    def work_ahead_ms(self, expected_ms: float) -> float:
+        """Expected ms of the live entries a new arrival of `expected_ms` would wait behind.
+
+        FCFS: all of them. SJF: those with a shorter expected time (whole log2
+        buckets below, half of its own bucket); aging, which moves older long
+        entries forward, is ignored, so this is a lower bound. O(buckets).
+        """
+        if self.order == "fcfs":
+            return self.backlog_ms
+        b = _bucket(expected_ms)
+        return max(0.0, sum(self._bucket_ms[:b]) + self._bucket_ms[b] / 2)
+
+    def entries(self) -> list[Entry]:
+        """Live entries in arrival order."""
+        return [e for e in self._fifo if e.alive]
+
+    def reconfigure(self, order: str, aging_ms_per_s: float, max_wait_s: float) -> None:
+        """New policy: re-key every live entry (reload is rare; O(n log n))."""
+        self.order, self.aging_ms_per_s, self.max_wait_s = order, aging_ms_per_s, max_wait_s
+        live = self.entries()
+        for e in live:
+            e.key = self._key(e)
+        self._heap = [(e.key, e.seq, e) for e in live]
+        heapq.heapify(self._heap)
+        self._fifo = deque(live)
+
+    def _compact(self) -> None:
+        self._heap = [item for item in self._heap if item[2].alive]
+        heapq.heapify(self._heap)
+        self._fifo = deque(e for e in self._fifo if e.alive)
+
+    def __repr__(self) -> str:
+        return f"<ClassQueue {self.name} {self.order} live={self.live} backlog_ms={self.backlog_ms:.0f}>"
+
+
+class ClassPicker:
+    """Order in which classes with waiting entries are offered a slot."""
+
+    __slots__ = ("_by_priority", "_current", "_priority", "_weight", "mode")
+
+    def __init__(self, mode: str, classes: dict) -> None:
+        self.mode = mode
+        self._priority = {name: c.priority for name, c in classes.items()}
+        self._weight = {name: c.weight for name, c in classes.items()}
+        self._current = dict.fromkeys(classes, 0)  # SWRR state, exact integers
+        self._by_priority = sorted(classes, key=lambda n: (self._priority[n], n))
+
+    def order(self, waiting: set[str] | dict) -> list[str]:
+        """Classes with someone waiting, best first (the first is the pick; the rest are fallbacks)."""
+        ranked = [n for n in self._by_priority if n in waiting]
+        if self.mode == "strict" or len(ranked) < 2:
+            return ranked
+        current, weight = self._current, self._weight
+        pick = max(ranked, key=lambda n: (current[n] + weight[n], -self._priority[n]))
+        return [pick] + [n for n in ranked if n != pick]
+
+    def commit(self, chosen: str, waiting: set[str] | dict) -> None:
+        """`chosen` was admitted through the weighted pick among `waiting` classes."""
+        if self.mode != "weighted":
+            return
+        current, weight = self._current, self._weight
+        total = 0
+        for name in waiting:
+            current[name] += weight[name]
+            total += weight[name]
+        current[chosen] -= total
+
+    def statistics(self) -> dict:
+        return {
+            "mode": self.mode,
+            "order": list(self._by_priority),
+            "swrr_current": dict(self._current),
+        }
+
+    def __repr__(self) -> str:
+        return f"<ClassPicker {self.mode} {self._by_priority}>"

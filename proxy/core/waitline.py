@@ -1,0 +1,179 @@
+"""Everyone waiting for admission: class queues, their order, and their expiry times.
+
+Theory of operation: one `ClassQueue` per class (proxy/core/sjf.py: SJF with
+aging or FCFS, overdue FIFO, lazy deletion), the `ClassPicker` between classes,
+and one heap of expiry times over all entries (lazy deletion too), so that
+`pop_due(now)` finds expired tickets in O(log n) each, without scanning.
+
+Expiry time of a ticket with a deadline: deadline - expected service time (it
+could no longer finish in time) for classes with on_unmeetable = "reject"; the
+deadline itself for "try" classes, which accept a late finish over no answer.
+
+`candidates(now)` is the order in which entries are offered a slot: first the
+heads that are overdue (waited past their class's max_queue_wait_ms; oldest
+overdue first, whatever the class), then each waiting class's best entry in
+picker order. `configure` applies a new policy and keeps every entry (re-keyed;
+entries of a class that no longer exists move to the default class).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+from collections.abc import Iterator
+
+from proxy.core.sjf import ClassPicker, ClassQueue, Entry
+
+
+class Waitline:
+    __slots__ = ("_entries", "_expiry", "_seq", "classes", "default_class", "picker", "queues")
+
+    def __init__(self, scheduling, classes: dict) -> None:
+        self._entries: dict[int, Entry] = {}
+        self._expiry: list[tuple[float, int, Entry]] = []
+        self._seq = itertools.count()
+        self.queues: dict[str, ClassQueue] = {}
+        self.configure(scheduling, classes, 0.0)
+
+    def configure(self, scheduling, classes: dict, now: float) -> None:
+        self.classes = dict(classes)
+        self.default_class = scheduling.default_class
+        self.picker = ClassPicker(scheduling.class_mode, self.classes)
+        old = sorted(self._entries.values(), key=lambda e: e.seq)
+        self.queues = {
+            name: ClassQueue(
+                name, scheduling.order, scheduling.aging_ms_per_s, c.max_queue_wait_ms / 1000.0
+            )
+            for name, c in self.classes.items()
+        }
+        self._entries, self._expiry = {}, []
+        for e in old:
+            t = e.ticket
+            if t.klass not in self.queues:
+                t = dataclasses.replace(t, klass=self.default_class)
+            self.push(t, now, e.enqueued_at, e.seq)
+
+    # --- membership -------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, ticket_id: int) -> Entry | None:
+        return self._entries.get(ticket_id)
+
+    def ids(self) -> set[int]:
+        return set(self._entries)
+
+    def depth(self, klass: str) -> int:
+        q = self.queues.get(klass)
+        return 0 if q is None else q.live
+
+    def push(
+        self, ticket, now: float, enqueued_at: float | None = None, seq: int | None = None
+    ) -> Entry:
+        entry = Entry(
+            ticket,
+            now if enqueued_at is None else enqueued_at,
+            next(self._seq) if seq is None else seq,
+        )
+        self.queues[ticket.klass].push(entry)
+        self._entries[ticket.id] = entry
+        at = self.expires_at(ticket)
+        if at is not None:
+            heapq.heappush(self._expiry, (at, entry.seq, entry))
+        return entry
+
+    def remove(self, entry: Entry) -> None:
+        self.queues[entry.ticket.klass].remove(entry)
+        del self._entries[entry.ticket.id]
+
+    # --- expiry -----------------------------------------------------------
+
+    def expires_at(self, ticket) -> float | None:
+        if ticket.deadline is None:
+            return None
+        cls = self.classes.get(ticket.klass)
+        if cls is not None and cls.on_unmeetable == "try":
+            return ticket.deadline
+        return ticket.deadline - ticket.expected_ms / 1000.0
+
+    def expiry_of(self, ticket_id: int) -> float | None:
+        entry = self._entries.get(ticket_id)
+        return None if entry is None else self.expires_at(entry.ticket)
+
+    def pop_due(self, now: float) -> list[Entry]:
+        """Remove and return the entries whose expiry time has come."""
+        due, heap = [], self._expiry
+        while heap and heap[0][0] <= now:
+            entry = heapq.heappop(heap)[2]
+            if entry.alive:
+                self.remove(entry)
+                due.append(entry)
+        return due
+
+    def next_expiry(self) -> float | None:
+        heap = self._expiry
+        while heap and not heap[0][2].alive:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    # --- order ------------------------------------------------------------
+
+    def waiting(self) -> set[str]:
+        return {name for name, q in self.queues.items() if q.live}
+
+    def candidates(self, now: float) -> Iterator[tuple[Entry, bool]]:
+        """(entry, is_weighted_pick), best first: overdue heads, then class heads in picker order."""
+        overdue = sorted(
+            (at, q.name)
+            for q in self.queues.values()
+            if q.live and (at := q.overdue_at()) is not None and at <= now
+        )
+        for _, name in overdue:
+            yield self.queues[name].oldest(), False
+        weighted = self.picker.mode == "weighted"
+        for rank, name in enumerate(self.picker.order(self.waiting())):
+            yield self.queues[name].best(), weighted and rank == 0
+
+    def commit(self, klass: str) -> None:
+        """The weighted pick `klass` was admitted: charge the picker (before removing it)."""
+        self.picker.commit(klass, self.waiting())
+
+    def work_ahead_ms(self, klass: str, expected_ms: float, exclude: Entry | None = None) -> float:
+        """Expected ms of waiting work a `klass` arrival of `expected_ms` would be served after:
+        its own class's entries that go first, plus, strict: all work of higher classes;
+        weighted: each other class's work up to its weight's share relative to ours."""
+        own_q, mine = self.queues[klass], self.classes[klass]
+        own = own_q.work_ahead_ms(expected_ms)
+        if exclude is not None:  # the arrival itself, already pushed
+            own = max(
+                0.0, own - exclude.ticket.expected_ms * (1.0 if own_q.order == "fcfs" else 0.5)
+            )
+        ahead = own
+        strict = self.picker.mode == "strict"
+        for name, q in self.queues.items():
+            if name == klass or not q.live:
+                continue
+            other = self.classes[name]
+            if not strict:
+                ahead += min(q.backlog_ms, (own + expected_ms) * other.weight / mine.weight)
+            elif (other.priority, name) < (mine.priority, klass):
+                ahead += q.backlog_ms
+        return ahead
+
+    def statistics(self, now: float) -> dict:
+        out = {}
+        for name in self.picker.order(self.queues):
+            q = self.queues[name]
+            head = q.oldest()
+            out[name] = {
+                "depth": q.live,
+                "oldest_wait_ms": 0.0 if head is None else (now - head.enqueued_at) * 1000.0,
+                "backlog_ms": q.backlog_ms,
+                "max_queue_length": self.classes[name].max_queue_length,
+            }
+        return out
+
+    def __repr__(self) -> str:
+        return f"<Waitline {len(self._entries)} waiting { {n: q.live for n, q in self.queues.items()} }>"

@@ -1,0 +1,316 @@
+"""The trio driver of admission: waits where the core says wait, wakes whom it says wake.
+
+Theory of operation: `AdmissionController` (proxy/core/admission.py) decides;
+this layer keeps one `_Waiter` (an Event and a result) per queued request and
+delivers the decisions the controller returns after each call. Time is
+`trio.current_time()`, so autojump_clock drives every timer in tests.
+
+Usage, on the request path (no exception for a rejection: a value, as everywhere):
+
+    ticket = scheduler.ticket(priority_header, scheduler.estimate(path, body, hint), deadline)
+    with trio.move_on_at(deadline):                 # the caller's one deadline
+        async with scheduler.admit(ticket) as slot:
+            if slot.rejection is not None:          # Reject: answer it (slot.rejection.response())
+                ...
+            ... forward to upstream slot.upstream ...
+            slot.done(Outcome.SUCCESS, rtt_ms, Observed(prompt, output))
+
+Exactly-once release: the lease is released by `slot.done(...)` or, failing
+that, by leaving the `async with` (CANCELLED on trio.Cancelled, ERROR on any
+other exception or a plain exit without done). A request whose task is
+cancelled while queued leaves the queue at once (the core's `cancel`) and is
+never forwarded: if an Admit reached it in the same instant, the lease goes
+straight back. Waiting is bounded by the caller's cancel scope and by the
+controller's expiry time (deadline minus expected service time), after which
+the slot carries Reject(DEADLINE_EXPIRED).
+
+Reload: `apply_policy` swaps the controller's policy (queued requests stay, see
+the core) and re-arms every waiter's expiry timer.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import trio
+
+from proxy.core.admission import AdmissionController
+from proxy.core.cost import Cost
+from proxy.core.decisions import (
+    Admit,
+    Enqueue,
+    Expired,
+    Lease,
+    LeaseError,
+    Observed,
+    Outcome,
+    Reject,
+    Ticket,
+)
+from proxy.core.wire import Reason
+
+
+class Slot:
+    """What `admit` yields: a lease to use, or the rejection to answer."""
+
+    __slots__ = ("_done", "_scheduler", "lease", "rejection")
+
+    def __init__(self, scheduler: Scheduler, lease: Lease | None, rejection: Reject | None) -> None:
+        self._scheduler = scheduler
+        self.lease = lease
+        self.rejection = rejection
+        self._done = False
+
+    @property
+    def upstream(self) -> int:
+        return self.lease.upstream  # type: ignore[union-attr]
+
+    @property
+    def queue_ms(self) -> float:
+        return 0.0 if self.lease is None else self.lease.queue_ms
+
+    def done(
+        self, outcome: Outcome, rtt_ms: float | None = None, observed: Observed | None = None
+    ) -> None:
+        """End the lease; feeds the limit and the service model. Once only."""
+        if self.lease is None or self._done:
+            raise LeaseError("done() on a slot without a live lease")
+        self._done = True
+        self._scheduler._release(self.lease, outcome, rtt_ms, observed)
+
+    def __repr__(self) -> str:
+        state = "rejected" if self.rejection else ("done" if self._done else "leased")
+        return f"<Slot {state} lease={self.lease and self.lease.id} upstream={self.lease and self.lease.upstream}>"
+
+
+class _Admission:
+    """`async with scheduler.admit(ticket) as slot`: a class, not a generator, to stay cheap."""
+
+    __slots__ = ("_scheduler", "_slot", "_ticket")
+
+    def __init__(self, scheduler: Scheduler, ticket: Ticket) -> None:
+        self._scheduler, self._ticket, self._slot = scheduler, ticket, None
+
+    async def __aenter__(self) -> Slot:
+        self._slot = await self._scheduler._acquire(self._ticket)
+        return self._slot
+
+    async def __aexit__(self, exc_type, exc, tb) -> bool:
+        slot = self._slot
+        if slot is not None and slot.lease is not None and not slot._done:
+            cancelled = exc_type is not None and issubclass(exc_type, trio.Cancelled)
+            slot.done(Outcome.CANCELLED if cancelled else Outcome.ERROR)
+        return False
+
+
+class _Waiter:
+    __slots__ = ("event", "result", "scope")
+
+    def __init__(self, expires_at: float | None) -> None:
+        self.event = trio.Event()
+        self.result: Admit | Expired | None = None
+        self.scope = trio.CancelScope(deadline=math.inf if expires_at is None else expires_at)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        policy,
+        upstream_count: int | None = None,
+        *,
+        rng: random.Random | None = None,
+        metrics=None,
+        balancer=None,
+    ) -> None:
+        rng = rng if rng is not None else random.Random()
+        self.controller = AdmissionController(policy, upstream_count, rng, balancer=balancer)
+        self._waiters: dict[int, _Waiter] = {}
+        self._m = _Instruments(metrics, self.controller) if metrics is not None else None
+
+    # --- the request path's calls -----------------------------------------
+
+    def estimate(self, path: str, body: bytes, hint: int | None = None) -> Cost:
+        return self.controller.estimate(path, body, hint)
+
+    def ticket(
+        self, priority: bytes | str | None, cost: Cost, deadline: float | None = None
+    ) -> Ticket:
+        klass, known = self.controller.resolve_class(priority)
+        if not known and self._m:
+            self._m.unknown_priority.inc()
+        return self.controller.ticket(klass, cost, deadline)
+
+    def admit(self, ticket: Ticket) -> _Admission:
+        return _Admission(self, ticket)
+
+    def mark_refused(self, index: int) -> None:
+        self.controller.mark_refused(index, trio.current_time())
+
+    def set_capacity_factor(self, index: int, factor: float) -> None:
+        self._deliver(self.controller.set_capacity_factor(index, factor, trio.current_time()))
+        if self._m:
+            self._m.limit_changes(index)
+
+    def apply_policy(self, policy) -> None:
+        ctl = self.controller
+        self._deliver(ctl.apply_policy(policy, trio.current_time()))
+        for ticket_id, waiter in self._waiters.items():
+            at = ctl.expiry_of(ticket_id)
+            waiter.scope.deadline = math.inf if at is None else at
+        if self._m:
+            self._m.everything()
+
+    def statistics(self) -> dict:
+        return {**self.controller.statistics(trio.current_time()), "waiters": len(self._waiters)}
+
+    def __repr__(self) -> str:
+        return f"<Scheduler waiters={len(self._waiters)} {self.controller!r}>"
+
+    # --- waiting ----------------------------------------------------------
+
+    async def _acquire(self, ticket: Ticket) -> Slot:
+        ctl = self.controller
+        decision = ctl.arrive(ticket, trio.current_time())
+        self._deliver(ctl.take_woken())
+        if isinstance(decision, Admit):
+            if self._m:
+                self._m.admitted(decision)
+            return Slot(self, decision.lease, None)
+        if isinstance(decision, Enqueue):
+            return await self._wait(decision)
+        if self._m:
+            self._m.rejected(ticket.klass, decision.reason)
+        return Slot(self, None, decision)
+
+    async def _wait(self, enqueued: Enqueue) -> Slot:
+        ticket, ctl = enqueued.ticket, self.controller
+        waiter = self._waiters[ticket.id] = _Waiter(enqueued.expires_at)
+        try:
+            while waiter.result is None:
+                with waiter.scope:
+                    await waiter.event.wait()
+                if waiter.result is None:  # our expiry timer: sweep everything due, us included
+                    self._deliver(ctl.expire(trio.current_time()))
+                    self._deliver(ctl.take_woken())
+                    waiter.scope = trio.CancelScope(deadline=_or_inf(ctl.expiry_of(ticket.id)))
+            await (
+                trio.lowlevel.checkpoint_if_cancelled()
+            )  # cancelled as it was woken: never forward
+        except BaseException:
+            self._abandon(ticket, waiter)
+            raise
+        finally:
+            del self._waiters[ticket.id]
+        result = waiter.result
+        if isinstance(result, Admit):
+            return Slot(self, result.lease, None)
+        return Slot(
+            self, None, Reject(Reason.DEADLINE_EXPIRED, None, "the deadline passed while queued")
+        )
+
+    def _abandon(self, ticket: Ticket, waiter: _Waiter) -> None:
+        """The waiting task is leaving by an exception (cancelled): leave nothing behind."""
+        now = trio.current_time()
+        if waiter.result is None:
+            if self.controller.cancel(ticket.id, now) and self._m:
+                self._m.abandoned(ticket.klass)
+            self._deliver(self.controller.take_woken())
+        elif isinstance(waiter.result, Admit):
+            self._release(waiter.result.lease, Outcome.CANCELLED, None, None)
+
+    def _deliver(self, decisions: list[Admit | Expired]) -> None:
+        for d in decisions:
+            waiter = self._waiters.get(d.ticket.id)
+            if waiter is None or waiter.result is not None:
+                # Cannot happen (a leaving waiter is cancelled in the core first);
+                # if it ever does, a lease must not leak.
+                if isinstance(d, Admit):
+                    self._release(d.lease, Outcome.CANCELLED, None, None)
+                continue
+            waiter.result = d
+            waiter.event.set()
+            if self._m:
+                if isinstance(d, Admit):
+                    self._m.admitted(d)
+                else:
+                    self._m.rejected(d.ticket.klass, d.reason)
+
+    def _release(
+        self, lease: Lease, outcome: Outcome, rtt_ms: float | None, observed: Observed | None
+    ) -> None:
+        woken = self.controller.release(lease, trio.current_time(), outcome, rtt_ms, observed)
+        if self._m:
+            self._m.released(lease, outcome, rtt_ms, observed)
+        self._deliver(woken)
+
+
+def _or_inf(value: float | None) -> float:
+    return math.inf if value is None else value
+
+
+class _Instruments:
+    """The admission metrics (proxy/runtime/metrics.py SPECS), children bound once per label.
+
+    Levels (queue depth, in-flight units, limit) are read from the controller at
+    scrape time (Gauge.set_function), so the request path pays only for the
+    counters and histograms it feeds.
+    """
+
+    def __init__(self, metrics, controller: AdmissionController) -> None:
+        self._ctl = controller
+        self._metrics = metrics
+        self.unknown_priority = metrics.unknown_priority
+        self._children: dict[tuple, object] = {}
+        self._limits = [controller.capacity.limit(i) for i in range(controller.upstream_count)]
+        self.everything()
+
+    def _child(self, name: str, *labels: str):
+        key = (name, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = getattr(self._metrics, name).labels(*labels)
+        return child
+
+    def admitted(self, admit: Admit) -> None:
+        lease = admit.lease
+        klass = lease.ticket.klass
+        self._child("admitted", klass).inc()
+        self._child("queue_wait_seconds", klass).observe(lease.queue_ms / 1000.0)
+
+    def rejected(self, klass: str, reason: Reason) -> None:
+        self._child("admission_rejected", klass, reason.value).inc()
+
+    def abandoned(self, klass: str) -> None:
+        self._child("queue_abandoned", klass).inc()
+
+    def limit_changes(self, i: int) -> None:
+        cap = self._ctl.capacity
+        limit = cap.limit(i)
+        if limit != self._limits[i]:
+            self._limits[i] = limit
+            self._child("limit_changes", str(i), cap.limits[i].last_reason).inc()
+
+    def released(
+        self, lease: Lease, outcome: Outcome, rtt_ms: float | None, observed: Observed | None
+    ) -> None:
+        self.limit_changes(lease.upstream)
+        if outcome is Outcome.SUCCESS and rtt_ms is not None and lease.ticket.expected_ms > 0:
+            self._child("cost_estimate_error_ratio", "service_time").observe(
+                rtt_ms / lease.ticket.expected_ms
+            )
+            estimated = lease.ticket.cost.output_tokens
+            if observed is not None and observed.output_tokens is not None and estimated > 0:
+                self._child("cost_estimate_error_ratio", "output_tokens").observe(
+                    observed.output_tokens / estimated
+                )
+
+    def everything(self) -> None:
+        """(Re)bind the scrape-time levels; after a reload the class set may differ."""
+        ctl = self._ctl
+        for klass in ctl.policy.classes:
+            self._child("queue_depth", klass).set_function(lambda k=klass: ctl.depth(k))
+        for i in range(ctl.upstream_count):
+            self._child("admission_inflight", str(i)).set_function(lambda i=i: ctl.capacity.used[i])
+            self._child("admission_limit", str(i)).set_function(lambda i=i: ctl.capacity.limit(i))
+            self.limit_changes(i)
