@@ -1,0 +1,222 @@
+"""Windowed latency quantiles: a ring of log-bucket histograms, and a bounded family of them.
+
+Theory of operation: `LogBuckets` maps a value in ms to bucket i covering
+(min_ms * g**(i-1), min_ms * g**i], g = (1 + a) / (1 - a); the bucket's
+representative value 2 * min_ms * g**i / (g + 1) is within relative error `a` of every
+value in it (the DDSketch / HdrHistogram idea). With a = 2% and 0.1 ms .. 10 min that is
+about 390 buckets. Values at or below min_ms land in bucket 0 (reported as min_ms);
+values above max_ms saturate into the top bucket.
+
+`WindowedQuantiles` keeps `sub_windows` slots of `window_s / sub_windows` seconds each,
+slot = floor(now / sub_s) mod n. A slot is a sparse {bucket: count} dict (latencies
+cluster, so a slot holds few buckets), and one dense `_total` list holds the sum of the
+live slots. Invariant: `_total[i] == sum(slot.get(i, 0) for live slots)`. Recording is
+O(1): one log, two increments. When time enters a new sub-window the slots older than
+the window are subtracted from `_total` and dropped (O(buckets in the slot), once per
+sub-window). A query is a prefix sum and a bisection over `_total` (C loops over ~390
+ints); `refresh_s` > 0 caches answers for that long, so the arrival path pays it rarely.
+The window therefore covers between window_s - sub_s and window_s seconds of samples.
+
+`LatencyFamily` holds one tracker per key (route, cost bucket), at most `max_keys`,
+evicting the least recently recorded key: memory stays bounded whatever keys arrive.
+
+Hand-written rather than `hdrhistogram` / `ddsketch` from PyPI: neither offers the
+ring of sub-windows with a merged view, both record through heavier code paths, and the
+bucket math here is a dozen lines.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from dataclasses import dataclass
+from itertools import accumulate
+
+
+class LogBuckets:
+    """Geometry of a log-bucket histogram; immutable, shared by many trackers."""
+
+    __slots__ = ("_inv_log_gamma", "_rep", "gamma", "max_ms", "min_ms", "relative_error", "size")
+
+    def __init__(self, min_ms: float = 0.1, max_ms: float = 600_000.0, relative_error: float = 0.02) -> None:
+        if not (0 < min_ms < max_ms and 0 < relative_error < 0.5):
+            raise ValueError("need 0 < min_ms < max_ms and 0 < relative_error < 0.5")
+        self.min_ms, self.max_ms, self.relative_error = min_ms, max_ms, relative_error
+        self.gamma = (1 + relative_error) / (1 - relative_error)
+        self._inv_log_gamma = 1.0 / math.log(self.gamma)
+        self.size = math.ceil(math.log(max_ms / min_ms) * self._inv_log_gamma) + 1
+        # Representative of bucket i (i >= 1): the point equidistant, relatively, from both edges.
+        scale = 2.0 / (self.gamma + 1.0)
+        self._rep = [min_ms] + [min_ms * self.gamma**i * scale for i in range(1, self.size)]
+
+    def index(self, value_ms: float) -> int:
+        if not value_ms > self.min_ms:  # also NaN: time differences never produce it
+            return 0
+        if value_ms >= self.max_ms:
+            return self.size - 1
+        return min(self.size - 1, math.ceil(math.log(value_ms / self.min_ms) * self._inv_log_gamma))
+
+    def value(self, index: int) -> float:
+        return self._rep[index]
+
+    def __repr__(self) -> str:
+        return f"LogBuckets({self.min_ms}..{self.max_ms} ms, ±{self.relative_error:.1%}, {self.size} buckets)"
+
+
+DEFAULT_BUCKETS = LogBuckets()
+
+
+@dataclass(frozen=True, slots=True)
+class QuantileStatistics:
+    count: int
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+    window_s: float
+
+
+class WindowedQuantiles:
+    """Quantiles of the values recorded over roughly the last `window_s` seconds."""
+
+    def __init__(
+        self,
+        window_s: float = 60.0,
+        sub_windows: int = 6,
+        buckets: LogBuckets = DEFAULT_BUCKETS,
+        refresh_s: float = 0.0,
+    ) -> None:
+        if window_s <= 0 or sub_windows < 1 or refresh_s < 0:
+            raise ValueError("need window_s > 0, sub_windows >= 1, refresh_s >= 0")
+        self.window_s, self.buckets, self.refresh_s = window_s, buckets, refresh_s
+        self._n = sub_windows
+        self._sub_s = window_s / sub_windows
+        self._slots: list[dict[int, int]] = [{} for _ in range(sub_windows)]
+        self._slot_epoch: list[int | None] = [None] * sub_windows
+        self._total = [0] * buckets.size
+        self._count = 0
+        self._head: int | None = None  # newest epoch seen; time never runs backwards past it
+        self._cache: dict[float, float | None] = {}
+        self._cache_until = -math.inf
+
+    def _advance(self, now: float) -> dict[int, int]:
+        """The slot for `now`, after dropping slots that left the window."""
+        epoch = math.floor(now / self._sub_s)
+        head = self._head
+        if head is not None and epoch <= head:  # fast path; late samples count as current
+            return self._slots[head % self._n]
+        oldest_live = epoch - self._n + 1
+        for i, slot_epoch in enumerate(self._slot_epoch):
+            if slot_epoch is not None and slot_epoch < oldest_live:
+                self._expire(i)
+        self._head = epoch
+        self._slot_epoch[epoch % self._n] = epoch
+        self._cache.clear()
+        return self._slots[epoch % self._n]
+
+    def _expire(self, i: int) -> None:
+        total, slot = self._total, self._slots[i]
+        for bucket, n in slot.items():
+            total[bucket] -= n
+            self._count -= n
+        self._slots[i] = {}
+        self._slot_epoch[i] = None
+
+    def record(self, value_ms: float, now: float) -> None:
+        slot = self._advance(now)
+        i = self.buckets.index(value_ms)
+        slot[i] = slot.get(i, 0) + 1
+        self._total[i] += 1
+        self._count += 1
+
+    def count(self, now: float) -> int:
+        self._advance(now)
+        return self._count
+
+    def quantile(self, q: float, now: float) -> float | None:
+        """The q-quantile (0 < q <= 1) within the bucket error, or None with no samples.
+
+        Rank-based: the value of the ceil(q * count)-th smallest sample.
+        """
+        self._advance(now)
+        if self.refresh_s and now < self._cache_until and q in self._cache:
+            return self._cache[q]
+        result = None
+        if self._count:
+            rank = max(1, math.ceil(q * self._count))
+            result = self.buckets.value(bisect_left(list(accumulate(self._total)), rank))
+        if self.refresh_s:
+            if now >= self._cache_until:
+                self._cache.clear()
+                self._cache_until = now + self.refresh_s
+            self._cache[q] = result
+        return result
+
+    def statistics(self, now: float) -> QuantileStatistics:
+        return QuantileStatistics(
+            self.count(now), self.quantile(0.5, now), self.quantile(0.9, now), self.quantile(0.99, now), self.window_s
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"WindowedQuantiles(window_s={self.window_s}, sub_windows={self._n}, "
+            f"count={self._count}, head_epoch={self._head})"
+        )
+
+
+def cost_bucket(cost: int) -> int:
+    """Power-of-two cost bucket: 0 -> 0, 1 -> 1, 2..3 -> 2, 4..7 -> 3, ..., capped at 40."""
+    return min(40, max(0, cost).bit_length())
+
+
+@dataclass(frozen=True, slots=True)
+class FamilyStatistics:
+    keys: int
+    max_keys: int
+    evictions: int
+
+
+class LatencyFamily:
+    """One `WindowedQuantiles` per key (e.g. (route, cost_bucket(cost))), LRU-bounded."""
+
+    def __init__(
+        self,
+        max_keys: int = 256,
+        *,
+        window_s: float = 60.0,
+        sub_windows: int = 6,
+        buckets: LogBuckets = DEFAULT_BUCKETS,
+        refresh_s: float = 0.0,
+        min_samples: int = 1,
+    ) -> None:
+        if max_keys < 1 or min_samples < 1:
+            raise ValueError("need max_keys >= 1 and min_samples >= 1")
+        self.max_keys, self.min_samples = max_keys, min_samples
+        self._make = lambda: WindowedQuantiles(window_s, sub_windows, buckets, refresh_s)
+        self._trackers: dict[object, WindowedQuantiles] = {}  # insertion order = recency of record
+        self._evictions = 0
+
+    def record(self, key: object, value_ms: float, now: float) -> None:
+        tracker = self._trackers.pop(key, None)
+        if tracker is None:
+            tracker = self._make()
+            if len(self._trackers) >= self.max_keys:
+                del self._trackers[next(iter(self._trackers))]
+                self._evictions += 1
+        self._trackers[key] = tracker  # re-insert: now the most recent
+        tracker.record(value_ms, now)
+
+    def quantile(self, key: object, q: float, now: float) -> float | None:
+        """The key's q-quantile, or None while it has fewer than `min_samples` in its window."""
+        tracker = self._trackers.get(key)
+        if tracker is None or tracker.count(now) < self.min_samples:
+            return None
+        return tracker.quantile(q, now)
+
+    def tracker(self, key: object) -> WindowedQuantiles | None:
+        return self._trackers.get(key)
+
+    def statistics(self) -> FamilyStatistics:
+        return FamilyStatistics(len(self._trackers), self.max_keys, self._evictions)
+
+    def __repr__(self) -> str:
+        return f"LatencyFamily(keys={len(self._trackers)}/{self.max_keys}, min_samples={self.min_samples})"

@@ -1,0 +1,61 @@
+"""Retry-After for rejections: when the queue ahead would have drained, jittered, bounded.
+
+Theory of operation: a rejected client should come back when there is room, not at
+once (a retry storm) and not all together (a thundering herd).
+  base_ms    = clamp(ceil(drain_ms), min_ms, max_ms)
+  drain_ms   = work_ahead / drain_rate_per_s * 1000   (max_ms when nothing drains)
+`base_ms` is monotone non-decreasing in the backlog. Jitter then spreads clients over
+[lo, lo * (1 + jitter)], lo = min(base_ms, max_ms / (1 + jitter)), with u drawn from
+an injected random source:
+  retry_ms = clamp(ceil(lo * (1 + jitter * u)), min_ms, max_ms)
+So a client is never told to come back before the queue ahead has drained (except
+inside the top jitter band just below max_ms), the spread never collapses onto max_ms
+(clients at the cap stay spread below it), and every answer lies in [min_ms, max_ms].
+`proxy.core.wire.rejection` writes it as `x-rampmeter-retry-after-ms` and as whole
+seconds (rounded up, at least 1) in `retry-after`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+
+class RandomSource(Protocol):
+    """What we need of `random.Random`: a float in [0, 1)."""
+
+    def random(self) -> float: ...
+
+
+def drain_ms(work_ahead: float, drain_rate_per_s: float) -> float:
+    """ms until `work_ahead` units drain at `drain_rate_per_s`; inf when nothing drains."""
+    if work_ahead <= 0:
+        return 0.0
+    if drain_rate_per_s <= 0:
+        return math.inf
+    return work_ahead / drain_rate_per_s * 1000.0
+
+
+class RetryAfter:
+    __slots__ = ("_jitter_floor_ms", "_rng", "jitter", "max_ms", "min_ms")
+
+    def __init__(self, min_ms: int, max_ms: int, jitter: float, rng: RandomSource) -> None:
+        if not (0 <= min_ms <= max_ms and 0 <= jitter <= 1):
+            raise ValueError("need 0 <= min_ms <= max_ms and 0 <= jitter <= 1")
+        self.min_ms, self.max_ms, self.jitter, self._rng = min_ms, max_ms, jitter, rng
+        self._jitter_floor_ms = max_ms / (1 + jitter)
+
+    def base_ms(self, drain: float) -> int:
+        """Before jitter: the drain time, rounded up and clamped."""
+        if drain >= self.max_ms:  # also inf
+            return self.max_ms
+        return max(self.min_ms, math.ceil(drain))
+
+    def __call__(self, drain: float) -> int:
+        """Jittered Retry-After in ms for a queue that drains in `drain` ms."""
+        lo = min(self.base_ms(drain), self._jitter_floor_ms)
+        ms = math.ceil(lo * (1 + self.jitter * self._rng.random()))
+        return max(self.min_ms, min(self.max_ms, ms))
+
+    def __repr__(self) -> str:
+        return f"RetryAfter(min_ms={self.min_ms}, max_ms={self.max_ms}, jitter={self.jitter:g})"

@@ -1,0 +1,187 @@
+"""Load shedding at arrival: say no fast, usefully, lowest class first.
+
+Theory of operation: before a request is enqueued, `Shedder.check(snapshot, rank, now)`
+decides from a `LoadSnapshot` (the admission controller's statistics, mapped by the
+caller) whether to shed it. Classes are ranked 0 (most important) .. n-1. Every
+threshold in the policy is the *top* class's; class r gets `weights[r]` of it, with
+weights[0] == 1 and non-increasing (see `class_weights`). The rules, in order:
+
+1. queue_length: with ahead_r = requests queued in classes 0..r (what a class-r request
+   waits behind), shed if ahead_r >= max(1, floor(max_queued * w_r)) -> 503 queue_full
+2. gpu_memory: shed if gpu_memory_fraction >= 1 - (1 - high_water) / w_r (lower classes
+   need proportionally more free memory)                            -> 503 gpu_pressure
+3. saturation: in-flight at the limit and the queue growing, by at least
+   growth_ratio * w_r times the drain rate (any growth when nothing drains)
+                                                                    -> 503 overloaded
+4. codel: a standing queue (see `proxy.core.codel`) sheds the `level` lowest classes
+                                                                    -> 503 overloaded
+Class order holds by construction: ahead_r grows with r while every threshold shrinks
+(or, for CoDel, the shed set is a suffix of the ranks), so under one snapshot, if class r
+is shed, every class below it is too. Each rule is O(1) or O(classes), allocation-free
+but for the Reject value.
+
+`arrival_verdict` composes the whole arrival gate, in this order: tenant quota (429, so
+the over-quota tenant hears the precise reason), load rules, then the deadline check
+(503 deadline_unmeetable when the class's on_unmeetable is "reject"). Tokens taken by a
+request that a later rule rejects are refunded.
+
+Retry-After: the time for the queue ahead and one more request (ahead_r + 1) to drain
+at the observed rate (the max when nothing drains), through `RetryAfter` (bounds,
+jitter); for tenant quota, the exact refill time;
+for an unmeetable deadline, the deadline module's estimate (no header when only a larger
+budget would help).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from proxy.core import deadline as dl
+from proxy.core.codel import CoDel, CoDelStatistics
+from proxy.core.retry_after import RetryAfter, drain_ms
+from proxy.core.token_bucket import TenantQuota
+from proxy.core.wire import Reason, rejection
+
+
+def class_weights(n_classes: int, step: float) -> tuple[float, ...]:
+    """Share of each threshold per class rank: (1 - step) ** rank, so 1.0 for the top class."""
+    if not (n_classes >= 1 and 0 <= step < 1):
+        raise ValueError("need n_classes >= 1 and 0 <= step < 1")
+    return tuple((1 - step) ** r for r in range(n_classes))
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSnapshot:
+    """What the shedding rules read; the caller maps the admission controller's statistics."""
+
+    queued_by_class: tuple[int, ...]  # requests queued now, per class rank (0 = most important)
+    head_wait_ms: float = 0.0  # age of the oldest queued request; 0 when the queue is empty
+    inflight: int = 0  # requests upstream now
+    limit: int = 0  # the concurrency limit in force (0: unknown, saturation rule off)
+    queue_growth_per_s: float = 0.0  # d(queue length)/dt, requests/s, smoothed by the caller
+    drain_rate_per_s: float = 0.0  # completions/s, smoothed by the caller
+    gpu_memory_fraction: float = 0.0  # in [0, 1], from the GPU sampler; 0 when unknown
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    reason: Reason
+    retry_after_ms: int | None
+    message: str
+
+    def response(self) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """Status, headers and JSON body per the wire contract."""
+        return rejection(self.reason, self.message, self.retry_after_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class ShedConfig:
+    """The core's view of `[shedding]`; None turns a rule off. Built by proxy.policy.shedding."""
+
+    weights: tuple[float, ...]
+    max_queued: int | None = 1024
+    gpu_memory_high_water: float | None = 0.95
+    saturation_growth_ratio: float | None = 0.5
+    codel_target_ms: float | None = 50.0
+    codel_interval_ms: float = 500.0
+
+
+@dataclass(frozen=True, slots=True)
+class ShedStatistics:
+    shed: dict[str, int] = field(default_factory=dict)  # by reason
+    codel: CoDelStatistics | None = None
+
+
+class Shedder:
+    def __init__(self, config: ShedConfig, retry_after: RetryAfter) -> None:
+        w = config.weights
+        if not w or w[0] != 1.0 or any(a < b or b <= 0 for a, b in itertools.pairwise(w)) or w[-1] <= 0:
+            raise ValueError("weights must start at 1.0 and be positive and non-increasing")
+        self.config, self.retry_after = config, retry_after
+        self.n_classes = len(w)
+        # Per-class thresholds, precomputed: every check is then a compare.
+        mq, hw, gr = config.max_queued, config.gpu_memory_high_water, config.saturation_growth_ratio
+        self._queue_cap = None if mq is None else tuple(max(1, math.floor(mq * x)) for x in w)
+        self._gpu_cap = None if hw is None else tuple(1 - (1 - hw) / x for x in w)
+        self._growth_cap = None if gr is None else tuple(gr * x for x in w)
+        self.codel = (
+            None
+            if config.codel_target_ms is None
+            else CoDel(config.codel_target_ms, config.codel_interval_ms, self.n_classes)
+        )
+        self._shed = {reason: 0 for reason in (Reason.QUEUE_FULL, Reason.GPU_PRESSURE, Reason.OVERLOADED)}
+
+    def on_dequeue(self, wait_ms: float, now: float) -> None:
+        """Feed CoDel the wait of each request that leaves the queue."""
+        if self.codel is not None:
+            self.codel.observe(wait_ms, now)
+
+    def check(self, snap: LoadSnapshot, rank: int, now: float) -> Reject | None:
+        """None to go on, or why this class-`rank` arrival is shed."""
+        if self.codel is not None:
+            self.codel.observe(snap.head_wait_ms, now)
+        ahead = sum(snap.queued_by_class[: rank + 1])
+        if self._queue_cap is not None and ahead >= self._queue_cap[rank]:
+            return self._reject(Reason.QUEUE_FULL, "the queue for this priority is full", ahead, snap)
+        if self._gpu_cap is not None and snap.gpu_memory_fraction >= self._gpu_cap[rank]:
+            return self._reject(Reason.GPU_PRESSURE, "GPU memory is under pressure", ahead, snap)
+        if self._growth_cap is not None and self._saturated(snap, self._growth_cap[rank]):
+            return self._reject(Reason.OVERLOADED, "the model server is saturated", ahead, snap)
+        if self.codel is not None and self.codel.sheds(rank):
+            return self._reject(Reason.OVERLOADED, "requests are queueing too long", ahead, snap)
+        return None
+
+    @staticmethod
+    def _saturated(snap: LoadSnapshot, growth_cap: float) -> bool:
+        if snap.limit <= 0 or snap.inflight < snap.limit or snap.queue_growth_per_s <= 0:
+            return False
+        if snap.drain_rate_per_s <= 0:
+            return True
+        return snap.queue_growth_per_s >= growth_cap * snap.drain_rate_per_s
+
+    def _reject(self, reason: Reason, message: str, ahead: int, snap: LoadSnapshot) -> Reject:
+        self._shed[reason] += 1
+        # Room for it once the queue ahead has drained and then one more request finished.
+        return Reject(reason, self.retry_after(drain_ms(ahead + 1, snap.drain_rate_per_s)), message)
+
+    def statistics(self) -> ShedStatistics:
+        codel = None if self.codel is None else self.codel.statistics()
+        return ShedStatistics({r.value: n for r, n in self._shed.items()}, codel)
+
+    def __repr__(self) -> str:
+        return f"Shedder(classes={self.n_classes}, shed={ {r.value: n for r, n in self._shed.items()} }, codel={self.codel!r})"
+
+
+def arrival_verdict(
+    shedder: Shedder,
+    snap: LoadSnapshot,
+    rank: int,
+    now: float,
+    deadline: dl.Meetable | dl.Unmeetable,
+    on_unmeetable: Literal["reject", "try"] = "reject",
+    tenants: TenantQuota | None = None,
+    tenant: bytes = b"",
+    cost: float = 1,
+) -> Reject | None:
+    """The whole arrival gate: tenant quota, load rules, deadline. None: enqueue it."""
+    if tenants is not None:
+        wait_s = tenants.take(tenant, now, cost)
+        if wait_s:
+            retry = shedder.retry_after(wait_s * 1000.0)
+            return Reject(Reason.TENANT_QUOTA, retry, "this tenant is over its request quota")
+    verdict = shedder.check(snap, rank, now)
+    if verdict is None and isinstance(deadline, dl.Unmeetable) and on_unmeetable == "reject":
+        retry = None if deadline.retry_after_ms is None else shedder.retry_after(deadline.retry_after_ms)
+        verdict = Reject(Reason.DEADLINE_UNMEETABLE, retry, _unmeetable_message(deadline))
+    if verdict is not None and tenants is not None:
+        tenants.refund(tenant, cost)
+    return verdict
+
+
+def _unmeetable_message(verdict: dl.Unmeetable) -> str:
+    if verdict.retry_after_ms is None:
+        return "the request's timeout is shorter than its expected service time; raise it"
+    return "the request cannot finish before its deadline at the current load"
