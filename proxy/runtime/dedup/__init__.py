@@ -1,0 +1,52 @@
+"""Idempotent dedup at runtime: one GPU execution per idempotency key.
+
+The request path's view (see engine.py for the theory of operation):
+
+    dedup = Dedup(policy.dedup, build_store(policy.dedup, metrics), metrics)
+    await nursery.start(dedup.run)                 # store connections, lease refresh
+    ident = dedup.identify(method, target, headers, body)   # None | Identity; HeaderError -> 400
+    outcome = await dedup.begin(ident.scope, ident.fingerprint)
+      Leader(handle)     record_head / record_chunk, then `await handle.finish(ok)` exactly once
+                         (or `async with handle:`); handle.subscribe() for the leader's own client
+      Follower(events)   `with outcome.events as events: async for event in events:` Head, Chunk...,
+                         then End or Failed (failure_answer(event)); leaving `with` detaches a reader
+                         whose client went away
+      Replay(stored)     stored.status/headers/chunks, or async iterate .events
+      Mismatch / InFlightConflict / StoreDown   -> outcome.answer() (status, headers, body)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import trio
+
+from proxy.policy.dedup import Dedup as DedupPolicy
+from proxy.runtime.dedup.engine import Dedup
+from proxy.runtime.dedup.memory import MemoryStore
+from proxy.runtime.dedup.outcomes import (
+    Follower,
+    Identity,
+    InFlightConflict,
+    Leader,
+    LeaderHandle,
+    Mismatch,
+    Outcome,
+    Replay,
+    StoreDown,
+    failure_answer,
+)
+from proxy.runtime.dedup.redis import RedisStore
+from proxy.runtime.dedup.store import Store, StoreUnavailable
+from proxy.runtime.metrics import Metrics
+
+__all__ = [
+    "Dedup", "Follower", "Identity", "InFlightConflict", "Leader", "LeaderHandle", "MemoryStore", "Mismatch",
+    "Outcome", "RedisStore", "Replay", "Store", "StoreDown", "StoreUnavailable", "build_store", "failure_answer",
+]
+
+
+def build_store(policy: DedupPolicy, metrics: Metrics | None = None, clock: Callable[[], float] = trio.current_time) -> Store:
+    if policy.store == "redis":
+        return RedisStore(policy.redis_url, policy.key_prefix)
+    return MemoryStore(policy.max_memory_bytes, metrics=metrics, clock=clock)

@@ -1,0 +1,128 @@
+"""What `Dedup.begin()` answers, as values, and the leader's recording handle.
+
+Theory of operation: the request path matches on the outcome type and never
+sees the store. Outcomes that end the request themselves (`Mismatch`,
+`InFlightConflict`, `StoreDown`) build their answer with `wire.rejection`, so
+their status codes and reasons stay in the wire contract. A follower whose
+leader failed before any byte reads a `Failed` event; `failure_answer()` turns
+it into the leader's status (or aborts the stream when bytes were sent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import NamedTuple, Self
+
+import trio
+
+from proxy.core import dedup as core
+from proxy.core import wire
+from proxy.http.messages import Headers
+from proxy.runtime.dedup.coalesce import Events, Recording, Subscription
+
+RETRY_MS = 1000  # the retry-after for 409 in flight and 503 store unavailable
+
+
+class Identity(NamedTuple):
+    scope: str
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class Leader:
+    handle: LeaderHandle
+
+
+@dataclass(frozen=True, slots=True)
+class Follower:
+    events: Subscription | Events
+    remote: bool = False  # the leader is on another replica: the events come after it completes
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    stored: core.Stored
+
+    @property
+    def events(self) -> Events:
+        return Events(core.replay_events(self.stored))
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    def answer(self) -> tuple[int, Headers, bytes]:
+        return wire.rejection(wire.Reason.IDEMPOTENCY_KEY_REUSED, "idempotency-key was already used with a different request")
+
+
+@dataclass(frozen=True, slots=True)
+class InFlightConflict:
+    def answer(self) -> tuple[int, Headers, bytes]:
+        return wire.rejection(
+            wire.Reason.IDEMPOTENCY_KEY_IN_FLIGHT, "a request with this idempotency-key is in progress", RETRY_MS
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StoreDown:
+    def answer(self) -> tuple[int, Headers, bytes]:
+        return wire.rejection(
+            wire.Reason.IDEMPOTENCY_STORE_UNAVAILABLE, "the idempotency store is unavailable", RETRY_MS
+        )
+
+
+Outcome = Leader | Follower | Replay | Mismatch | InFlightConflict | StoreDown
+
+
+def failure_answer(event: core.Failed) -> tuple[int, Headers, bytes]:
+    """The answer for a follower whose leader failed before any byte was sent."""
+    retry = RETRY_MS if event.reason in wire.RETRYABLE_REASONS else None
+    return wire.rejection(event.reason, event.message, retry)
+
+
+Finish = Callable[["LeaderHandle", bool, wire.Reason, str], Awaitable[core.Verdict]]
+
+
+class LeaderHandle:
+    """Record the response as it is sent; `finish()` exactly once (or leave `async with`)."""
+
+    __slots__ = ("_finish", "degraded", "finished", "recording")
+
+    def __init__(self, finish: Finish, recording: Recording, degraded: bool) -> None:
+        self._finish = finish
+        self.recording = recording
+        self.degraded = degraded  # fail_open: no store record, coalescing on this replica only
+        self.finished = False
+
+    def record_head(self, status: int, headers: Headers, streamed: bool = False) -> None:
+        self.recording.record_head(status, headers, streamed)
+
+    def record_chunk(self, data: bytes) -> None:
+        self.recording.record_chunk(data)
+
+    def subscribe(self) -> Subscription:
+        """The leader's own client reads here too, so the work can outlive it. Call before recording."""
+        sub = self.recording.subscribe(mark_replayed=False)
+        if sub is None:
+            raise core.DedupStateError("subscribe the leader's client before recording past max_entry_bytes")
+        return sub
+
+    async def finish(
+        self, ok: bool, reason: wire.Reason = wire.Reason.UPSTREAM_UNAVAILABLE, message: str = ""
+    ) -> core.Verdict:
+        """ok: the exchange completed and every byte was recorded. Else followers get `reason`."""
+        return await self._finish(self, ok, reason, message or "the request holding this idempotency-key failed")
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self.finished:
+            cancelled = exc_type is not None and issubclass(exc_type, trio.Cancelled)
+            await self.finish(False, message="the request holding this idempotency-key was cancelled" if cancelled else "")
+
+    def __repr__(self) -> str:
+        return f"<LeaderHandle {self.recording!r} degraded={self.degraded} finished={self.finished}>"

@@ -1,0 +1,235 @@
+"""Dedup across replicas on a real redis-server (loopback): two engines = two replicas."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+from proxy.core import dedup as core
+from proxy.core.wire import Reason
+from proxy.policy.dedup import Dedup as DedupPolicy
+from proxy.runtime.dedup import Dedup, Follower, Leader, Replay, StoreDown, build_store
+from proxy.runtime.metrics import Metrics
+from tests.conftest import free_port, require_binary
+
+pytestmark = pytest.mark.integration
+
+AUTH_A = [(b"idempotency-key", b"job-7"), (b"authorization", b"Bearer tenant-a")]
+AUTH_B = [(b"idempotency-key", b"job-7"), (b"authorization", b"Bearer tenant-b")]
+
+
+class RedisServer:
+    """redis-server on a free loopback port, without persistence; can be killed and restarted."""
+
+    def __init__(self, binary: str) -> None:
+        self.binary, self.port, self.proc = binary, free_port(), None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@pytest.fixture
+def redis_server():
+    server = RedisServer(require_binary("redis-server"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@asynccontextmanager
+async def replica(url: str, **overrides):
+    policy = DedupPolicy(store="redis", redis_url=url, store_timeout_ms=200, **overrides)
+    metrics = Metrics()
+    dedup = Dedup(policy, build_store(policy, metrics), metrics)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(dedup.run)
+        yield dedup, metrics, nursery.cancel_scope
+        nursery.cancel_scope.cancel()
+
+
+async def begin(dedup, headers=AUTH_A, body=b'{"prompt": "hi"}'):
+    ident = dedup.identify(b"POST", b"/v1/completions", headers, body)
+    return await dedup.begin(ident.scope, ident.fingerprint)
+
+
+async def collect(events):
+    return [e async for e in events]
+
+
+def sample(metrics, name, **labels):
+    return metrics.registry.get_sample_value(f"rampmeter_{name}", labels) or 0
+
+
+async def test_one_leader_the_other_replica_follows_and_gets_the_stream(redis_server):
+    with trio.fail_after(15):
+        async with replica(redis_server.url) as (a, _, _), replica(redis_server.url) as (b, mb, _):
+            leader = await begin(a)
+            follower = await begin(b)
+            assert isinstance(leader, Leader) and isinstance(follower, Follower) and follower.remote
+            async with trio.open_nursery() as nursery:
+                got = []
+
+                async def follow():
+                    got.extend(await collect(follower.events))
+
+                nursery.start_soon(follow)
+                await trio.sleep(0.2)
+                leader.handle.record_head(200, [(b"content-type", b"text/event-stream")], streamed=True)
+                for token in (b"data: a\n\n", b"data: b\n\n", b"data: [DONE]\n\n"):
+                    leader.handle.record_chunk(token)
+                assert await leader.handle.finish(True) is core.Verdict.STORED
+            # Across replicas the chunk sequence arrives after completion, framing intact.
+            assert got[0].streamed and (b"idempotent-replayed", b"true") in got[0].headers
+            assert [e.data for e in got[1:-1]] == [b"data: a\n\n", b"data: b\n\n", b"data: [DONE]\n\n"]
+            assert got[-1] == core.END
+            for dedup in (a, b):
+                assert isinstance(await begin(dedup), Replay)
+            assert sample(mb, "dedup_decisions_total", decision="follow_remote") == 1
+            assert sample(mb, "dedup_store_duration_seconds_count", op="claim") == 2
+            assert b.statistics()["store"]["watched"] == 0  # the follower unsubscribed
+
+
+async def test_a_remote_follower_gets_the_leaders_failure_and_the_key_is_released(redis_server):
+    with trio.fail_after(15):
+        async with replica(redis_server.url) as (a, _, _), replica(redis_server.url) as (b, _, _):
+            leader = await begin(a)
+            follower = await begin(b)
+            async with trio.open_nursery() as nursery:
+                got = []
+
+                async def follow():
+                    got.extend(await collect(follower.events))
+
+                nursery.start_soon(follow)
+                await trio.sleep(0.2)
+                await leader.handle.finish(False, Reason.UPSTREAM_TIMEOUT)
+            assert [type(e) for e in got] == [core.Failed] and got[0].reason is Reason.UPSTREAM_TIMEOUT
+            assert isinstance(await begin(b), Leader)
+
+
+async def test_a_crashed_replicas_claim_lapses_after_its_lease(redis_server):
+    with trio.fail_after(15):
+        async with replica(redis_server.url, lease_ms=800) as (b, _, _):
+            async with replica(redis_server.url, lease_ms=800) as (a, _, crash):
+                assert isinstance(await begin(a), Leader)
+                crash.cancel()  # replica a dies holding the claim: no finish, no refresh
+            follower = await begin(b)
+            assert isinstance(follower, Follower) and follower.remote
+            [failed] = await collect(follower.events)
+            assert failed.reason is Reason.UPSTREAM_UNAVAILABLE
+            assert isinstance(await begin(b), Leader)
+
+
+async def test_a_live_leader_refreshes_its_lease(redis_server):
+    with trio.fail_after(15):
+        async with replica(redis_server.url, lease_ms=800) as (a, _, _), replica(redis_server.url, lease_ms=800) as (b, _, _):
+            leader = (await begin(a)).handle
+            await trio.sleep(2.0)  # two and a half leases
+            follower = await begin(b)
+            assert isinstance(follower, Follower)
+            leader.record_head(201, [])
+            leader.record_chunk(b"done")
+            await leader.finish(True)
+            events = await collect(follower.events)
+            assert events[0].status == 201 and events[-1] == core.END
+
+
+async def test_tenants_never_see_each_others_responses(redis_server):
+    with trio.fail_after(15):
+        async with replica(redis_server.url) as (a, _, _), replica(redis_server.url) as (b, _, _):
+            leader = (await begin(a, AUTH_A)).handle
+            other = await begin(b, AUTH_B)  # same key, other tenant: its own execution
+            assert isinstance(other, Leader)
+            leader.record_head(200, [])
+            leader.record_chunk(b"tenant a's answer")
+            await leader.finish(True)
+            await other.handle.finish(False)
+            assert isinstance(await begin(b, AUTH_B), Leader)
+            replay = await begin(b, AUTH_A)
+            assert isinstance(replay, Replay) and replay.stored.chunks == [b"tenant a's answer"]
+
+
+async def test_redis_killed_under_fail_open_serves_then_recovers(redis_server):
+    with trio.fail_after(20):
+        async with replica(redis_server.url, on_store_error="fail_open", store_retry_ms=300) as (a, ma, _), \
+                replica(redis_server.url) as (b, _, _):
+            redis_server.kill()
+            degraded = await begin(a)
+            assert isinstance(degraded, Leader) and degraded.handle.degraded
+            local = await begin(a)  # coalesced on this replica all the same
+            assert isinstance(local, Follower) and not local.remote
+            degraded.handle.record_head(200, [])
+            await degraded.handle.finish(True)
+            assert (await collect(local.events))[-1] == core.END
+            assert sample(ma, "dedup_store_errors_total", op="claim") >= 1
+            assert sample(ma, "dedup_decisions_total", decision="fail_open") == 1
+            redis_server.start()
+            await trio.sleep(0.5)  # past store_retry_ms; pub/sub reconnects with backoff
+            leader = await begin(a, body=b"after")
+            assert isinstance(leader, Leader) and not leader.handle.degraded
+            follower = await begin(b, body=b"after")
+            assert isinstance(follower, Follower) and follower.remote
+            async with trio.open_nursery() as nursery:
+                got = []
+
+                async def follow():
+                    got.extend(await collect(follower.events))
+
+                nursery.start_soon(follow)
+                await trio.sleep(0.2)
+                leader.handle.record_head(200, [])
+                await leader.handle.finish(True)
+            assert got[-1] == core.END
+
+
+async def test_redis_killed_under_fail_closed_answers_503(redis_server):
+    with trio.fail_after(15):
+        async with replica(redis_server.url, on_store_error="fail_closed") as (a, ma, _):
+            assert isinstance(await begin(a), Leader)
+            redis_server.kill()
+            down = await begin(a, AUTH_B)
+            assert isinstance(down, StoreDown) and down.answer()[0] == 503
+            assert sample(ma, "dedup_decisions_total", decision="store_down") == 1
+
+
+async def test_a_remote_follower_is_told_when_redis_dies_while_it_waits(redis_server):
+    with trio.fail_after(15):
+        async with replica(redis_server.url) as (a, _, _), replica(redis_server.url) as (b, _, _):
+            await begin(a)
+            follower = await begin(b)
+            async with trio.open_nursery() as nursery:
+                got = []
+
+                async def follow():
+                    got.extend(await collect(follower.events))
+
+                nursery.start_soon(follow)
+                await trio.sleep(0.2)
+                redis_server.kill()
+            assert [e.reason for e in got] == [Reason.IDEMPOTENCY_STORE_UNAVAILABLE]
