@@ -1,0 +1,138 @@
+"""Health checks and warm-up probes against one upstream, over httpx.
+
+Theory of operation: these requests go straight to the model server on their own
+httpx connection pool, not through the sidecar's data-path pool: they must work
+while the data path rejects everything as not ready, and they must not count in
+its limits or metrics. httpx is the project's probe client (it runs under trio
+through anyio); the client is built with `timeout=None` and `trust_env=False`,
+so the only deadlines are the trio cancel scopes set here and by the caller
+(one absolute deadline flows down), and no HTTP_PROXY in a pod's environment
+ever diverts a probe.
+
+- `check_health`: one GET of the health path; healthy on any 2xx. If the answer
+  is a JSON object, the values of the policy's identity keys (instance_id,
+  started_at) identify the process, so a restart between two checks is noticed.
+- `run_probes`: drives a `proxy.core.warmup.ProbePlan` with `concurrency`
+  workers until its verdict is in; each probe gets its own deadline
+  (`probe_timeout_ms`) inside whatever deadline the caller set for the whole
+  warm-up. Results are reported to `on_result` as they complete (metrics).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import httpx
+import msgspec
+import trio
+
+from proxy.core.warmup import FixedCount, ProbePlan, ProbeResult, StableLatency, Verdict
+from proxy.policy.warmup import Probe, Warmup
+
+# Health answers are tiny; a huge one is not worth decoding for an identity.
+MAX_IDENTITY_BODY = 65_536
+
+
+@dataclass(frozen=True)
+class HealthResult:
+    ok: bool
+    identity: tuple[str, ...] | None
+    detail: str  # status code, "timeout" or the transport error
+
+
+def new_client(max_connections: int, transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        timeout=None,
+        trust_env=False,
+        transport=transport,
+        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+    )
+
+
+async def check_health(client: httpx.AsyncClient, base_url: str, warmup: Warmup) -> HealthResult:
+    """One active health check, bounded by `warmup.health_timeout_ms` within the caller's deadline."""
+    with trio.move_on_after(warmup.health_timeout_ms / 1000):
+        try:
+            response = await client.get(base_url + warmup.health_path)
+        except httpx.HTTPError as exc:
+            return HealthResult(False, None, _error(exc))
+        ok = 200 <= response.status_code < 300
+        identity = identity_of(response.content, warmup.identity_keys) if ok else None
+        return HealthResult(ok, identity, str(response.status_code))
+    return HealthResult(False, None, "timeout")
+
+
+def identity_of(body: bytes, keys: Sequence[str]) -> tuple[str, ...] | None:
+    """`key=value` for each identity key present in a JSON object body; None if none is."""
+    if not keys or not body or len(body) > MAX_IDENTITY_BODY or not body.lstrip().startswith(b"{"):
+        return None
+    try:
+        data = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    found = tuple(f"{k}={data[k]}" for k in keys if k in data)
+    return found or None
+
+
+def plan_for(warmup: Warmup) -> ProbePlan:
+    criterion = (
+        StableLatency(warmup.stable_last_n, warmup.stable_within_pct)
+        if warmup.success == "stable"
+        else FixedCount(warmup.min_successes)
+    )
+    return ProbePlan([p.count for p in warmup.probes], criterion)
+
+
+async def read_bodies(probes: Sequence[Probe]) -> list[bytes]:
+    """Each probe's body; body_file is read now, so an edited file counts at the next warm-up."""
+    return [
+        await trio.Path(p.body_file).read_bytes() if p.body_file else p.body.encode("utf-8")
+        for p in probes
+    ]
+
+
+async def run_probes(
+    client: httpx.AsyncClient,
+    base_url: str,
+    warmup: Warmup,
+    plan: ProbePlan,
+    bodies: Sequence[bytes],
+    on_result: Callable[[ProbeResult], None],
+) -> Verdict:
+    """Send `plan`'s probes with `warmup.concurrency` in flight until its verdict is in."""
+    async with trio.open_nursery() as nursery:
+        for _ in range(min(warmup.concurrency, sum(plan.counts))):
+            nursery.start_soon(_worker, client, base_url, warmup, plan, bodies, on_result, nursery.cancel_scope)
+    return plan.verdict()
+
+
+async def _worker(client, base_url, warmup, plan, bodies, on_result, all_workers: trio.CancelScope) -> None:
+    while (shape := plan.next_probe()) is not None:
+        result = await send_probe(client, base_url, warmup, shape, bodies[shape])
+        plan.record(result)
+        on_result(result)
+        if plan.verdict().done:
+            all_workers.cancel()  # probes still in flight no longer matter
+            return
+
+
+async def send_probe(client: httpx.AsyncClient, base_url: str, warmup: Warmup, shape: int, body: bytes) -> ProbeResult:
+    """One probe of `warmup.probes[shape]`; its latency runs until the whole response body has arrived."""
+    probe = warmup.probes[shape]
+    headers = {"content-type": probe.content_type} if body else {}
+    started = trio.current_time()
+    with trio.move_on_after(warmup.probe_timeout_ms / 1000):
+        try:
+            response = await client.request(probe.method, base_url + probe.path, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            return ProbeResult(shape, False, trio.current_time() - started, _error(exc))
+        ok = 200 <= response.status_code < 300
+        return ProbeResult(shape, ok, trio.current_time() - started, str(response.status_code))
+    return ProbeResult(shape, False, trio.current_time() - started, "timeout")
+
+
+def _error(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
