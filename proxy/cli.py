@@ -13,7 +13,10 @@ import sys
 
 # (name, module, one-line help). Modules are imported when the parser is built.
 COMMANDS: list[tuple[str, str, str]] = [
+    ("serve", "proxy.serve", "run the sidecar in front of a model server"),
     ("policy", "proxy.policy.cli", "check a policy file, or print its JSON Schema"),
+    ("sim-pod", "proxy.testing.simpod.cli", "run the simulated GPU inference pod"),
+    ("loadtest", "proxy.loadtest.cli", "drive load at a URL and report latency, goodput and the knee"),
 ]
 
 

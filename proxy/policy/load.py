@@ -4,7 +4,7 @@ Theory of operation: msgspec decodes and checks types, ranges and unknown keys
 against `schema.Policy`; its message names the key path (`$.listen.max_connections`),
 which we turn into `listen.max_connections`, look up in the text for a line number,
 and for unknown keys list the keys that are allowed. Checks that span several
-fields are registered with `@cross_check` and run together after decoding, so
+fields are registered with `proxy.policy.base.cross_check` and run together after decoding, so
 every rule about how fields relate lives in one place.
 """
 
@@ -12,23 +12,13 @@ from __future__ import annotations
 
 import re
 import typing
-from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 
 from proxy.errors import PolicyError
+from proxy.policy.base import CROSS_CHECKS
 from proxy.policy.schema import PATTERN_HINTS, Policy
-
-CrossCheck = Callable[[Policy], list[str]]
-_CROSS_CHECKS: list[CrossCheck] = []
-
-
-def cross_check(fn: CrossCheck) -> CrossCheck:
-    """Register a rule relating several fields; it returns one message per violation."""
-    _CROSS_CHECKS.append(fn)
-    return fn
-
 
 def load_policy(path: str | Path) -> Policy:
     path = Path(path)
@@ -53,7 +43,7 @@ def policy_from_builtins(data: dict, source: str, text: str = "") -> Policy:
         policy = msgspec.convert(data, type=Policy)
     except msgspec.ValidationError as exc:
         raise PolicyError(source, [_explain(str(exc), text, source)]) from None
-    problems = [msg for check in _CROSS_CHECKS for msg in check(policy)]
+    problems = [msg for check in CROSS_CHECKS for msg in check(policy)]
     if problems:
         raise PolicyError(source, problems)
     return policy

@@ -165,24 +165,34 @@ def default_toml() -> str:
     ]
     defaults = msgspec.to_builtins(Policy())
     for table in tables():
-        value = _lookup(defaults, table.path)
-        rows = value if table.array else [value]
-        for row in rows if rows else []:
+        for header, row in _instances(defaults, table):
             out.append(f"# {table.doc}")
-            out.append(f"[[{table.path}]]" if table.array else f"[{table.path}]")
+            out.append(header)
             for k in table.keys:
                 note = f"{k.type}" + (f", {k.range}" if k.range else "")
                 out.append(f"# {k.description} ({note})")
-                if isinstance(row, dict) and k.name in row:
+                if k.name in row:
                     out.append(f"{k.name} = {_toml_value(row[k.name])}")
             out.append("")
     return "\n".join(out)
 
 
+def _instances(defaults: dict, table: Table) -> Iterator[tuple[str, dict]]:
+    """(header, values) for each default instance of `table`: one, one per array item or map key."""
+    prefix, _, _ = table.path.partition(".<name>")
+    value = _lookup(defaults, prefix)
+    if table.path.endswith(".<name>"):
+        for name, row in (value or {}).items():
+            yield f"[{prefix}.{name}]", row
+    elif table.array:
+        for row in value or []:
+            yield f"[[{table.path}]]", row
+    elif isinstance(value, dict):
+        yield f"[{table.path}]", value
+
+
 def _lookup(data: dict, path: str):
     for part in path.split("."):
-        if part == "<name>":
-            return None  # maps of tables are shown in the reference, not as defaults
         data = data.get(part) if isinstance(data, dict) else None
     return data
 

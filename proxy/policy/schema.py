@@ -4,8 +4,8 @@ Theory of operation: a policy is one frozen msgspec Struct tree. Each field carr
 its unit in its name, its default, its range (msgspec.Meta ge/le) and a
 description, which `proxy.policy.reference` turns into docs and
 `rampmeter policy schema` into JSON Schema. Unknown keys are errors
-(forbid_unknown_fields). Checks that span fields live in `proxy.policy.load.check`,
-in one place. A reload builds a whole new Policy and swaps it in; nothing mutates
+(forbid_unknown_fields). Checks that span fields are registered with `proxy.policy.base.cross_check`
+and run together in `proxy.policy.load`. A reload builds a whole new Policy and swaps it in; nothing mutates
 a live one.
 
 Sections owned by later features live in their own modules and are composed here.
@@ -18,9 +18,11 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-
-class Section(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """Base for every policy table: strict about keys, immutable once loaded."""
+from proxy.policy import admission as _admission
+from proxy.policy import dedup as _dedup
+from proxy.policy import shedding as _shedding
+from proxy.policy import warmup as _warmup
+from proxy.policy.base import Section
 
 
 HOST_PORT_RE = r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+|\*):[0-9]{1,5}$"
@@ -99,3 +101,27 @@ class Policy(Section):
     upstreams: Annotated[
         list[Upstream], Meta(min_length=1, description="Model servers; requests go to the one with the fewest outstanding.")
     ] = msgspec.field(default_factory=lambda: [Upstream(url="http://127.0.0.1:8000")])
+    # Cold start: warm-up, readiness, slow start, GPU signals (proxy/policy/warmup.py).
+    # Feature tables get lazy default factories, so no feature class is needed at import time.
+    warmup: _warmup.Warmup = msgspec.field(default_factory=lambda: _warmup.Warmup())
+    readiness: _warmup.Readiness = msgspec.field(default_factory=lambda: _warmup.Readiness())
+    slow_start: _warmup.SlowStart = msgspec.field(default_factory=lambda: _warmup.SlowStart())
+    gpu: _warmup.Gpu = msgspec.field(default_factory=lambda: _warmup.Gpu())
+    # Load shedding, tenant quotas, latency windows (proxy/policy/shedding.py); lazy, as above.
+    shedding: _shedding.Shedding = msgspec.field(default_factory=lambda: _shedding.Shedding())
+    tenants: _shedding.Tenants = msgspec.field(default_factory=lambda: _shedding.Tenants())
+    latency: _shedding.Latency = msgspec.field(default_factory=lambda: _shedding.Latency())
+    # Admission: queue order, classes, cost routes, concurrency limits (proxy/policy/admission.py); lazy, as above.
+    scheduling: _admission.Scheduling = msgspec.field(default_factory=lambda: _admission.Scheduling())
+    classes: Annotated[
+        dict[_admission.ClassName, _admission.ClassPolicy],
+        Meta(min_length=1, max_length=16, description="Request classes by x-priority value; written, they replace the defaults (realtime, interactive, batch) as a whole."),
+    ] = msgspec.field(default_factory=lambda: _admission.default_classes())
+    routes: Annotated[
+        list[_admission.Route],
+        Meta(max_length=256, description="Cost model per path prefix (longest wins; unmatched paths cost one token); written, they replace the defaults."),
+    ] = msgspec.field(default_factory=lambda: _admission.default_routes())
+    limits: _admission.Limits = msgspec.field(default_factory=lambda: _admission.Limits())
+    # Idempotent dedup (proxy/policy/dedup.py); lazy, as above.
+    dedup: _dedup.Dedup = msgspec.field(default_factory=lambda: _dedup.Dedup())
+

@@ -27,7 +27,11 @@ def modules(package: str) -> list[Path]:
 
 
 def imports_of(path: Path) -> set[str]:
+    """Modules imported at run time (imports under `if TYPE_CHECKING:` are type-only)."""
     tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = []
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

@@ -1,0 +1,83 @@
+"""The admin listener's handler: health, readiness, metrics and introspection.
+
+Theory of operation: a tiny router over exact paths, served by the same
+`proxy.http.server.Server` as the data path, on its own port (default
+127.0.0.1:9090, so it stays off the Service). Every answer is computed from
+snapshots the owning objects give (`statistics()`), never from internals.
+
+- GET /healthz       200 while the process serves (liveness: never depends on the model)
+- GET /readyz        200 when the sidecar should get traffic, else 503 with the reason
+- GET /metrics       Prometheus text format, this instance's registry only
+- GET /admin/stats   JSON snapshot of every stateful part
+- GET /admin/policy  the effective policy, where it came from and its version
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from proxy.http.messages import Request, ResponseSink
+
+_json = msgspec.json.Encoder(enc_hook=lambda obj: repr(obj))
+
+
+class AdminHandler:
+    """Routes admin requests; `sources` are callables so answers are always current."""
+
+    def __init__(
+        self,
+        *,
+        registry,
+        stats: Callable[[], dict[str, Any]],
+        policy: Callable[[], dict[str, Any]],
+        readiness: Callable[[], tuple[bool, str]],
+    ) -> None:
+        self._registry = registry
+        self._stats = stats
+        self._policy = policy
+        self._readiness = readiness
+        self._routes = {
+            b"/healthz": self._healthz,
+            b"/readyz": self._readyz,
+            b"/metrics": self._metrics,
+            b"/admin/stats": self._admin_stats,
+            b"/admin/policy": self._admin_policy,
+        }
+
+    async def __call__(self, request: Request, sink: ResponseSink) -> None:
+        route = self._routes.get(request.path)
+        if route is None:
+            await _text(sink, 404, "not found; try /healthz /readyz /metrics /admin/stats /admin/policy\n")
+        elif request.method not in (b"GET", b"HEAD"):
+            await sink.respond(405, [(b"allow", b"GET, HEAD"), (b"content-type", b"text/plain")], b"GET only\n")
+        else:
+            await route(sink)
+
+    async def _healthz(self, sink: ResponseSink) -> None:
+        await _text(sink, 200, "ok\n")
+
+    async def _readyz(self, sink: ResponseSink) -> None:
+        ready, why = self._readiness()
+        await _text(sink, 200 if ready else 503, f"{why}\n")
+
+    async def _metrics(self, sink: ResponseSink) -> None:
+        body = generate_latest(self._registry)
+        await sink.respond(200, [(b"content-type", CONTENT_TYPE_LATEST.encode())], body)
+
+    async def _admin_stats(self, sink: ResponseSink) -> None:
+        await _send_json(sink, self._stats())
+
+    async def _admin_policy(self, sink: ResponseSink) -> None:
+        await _send_json(sink, self._policy())
+
+
+async def _text(sink: ResponseSink, status: int, text: str) -> None:
+    await sink.respond(status, [(b"content-type", b"text/plain; charset=utf-8")], text.encode())
+
+
+async def _send_json(sink: ResponseSink, value: Any) -> None:
+    await sink.respond(200, [(b"content-type", b"application/json")], _json.encode(value) + b"\n")
