@@ -1,16 +1,22 @@
 """Composition root: builds every part from a policy and owns the nursery tree.
 
-Theory of operation: `App` is constructed from a validated `Policy` and wires
-the parts together; `App.run` opens them in dependency order inside one nursery
-(upstream pool, then the data and admin listeners, then background drivers) and
-reports readiness with `task_status.started(addresses)` only when every listener
-is bound. `App.shutdown` drains: readiness flips to "draining" at once (so a
-Kubernetes endpoint controller stops routing here), the data listener drains for
-up to `listen.drain_timeout_s`, then everything is cancelled.
+Theory of operation: `App` is constructed from a validated `Policy` and wires the
+parts together; `App.run` opens them in dependency order inside one nursery
+(upstream pool, dedup store, readiness and GPU drivers, then the data and admin
+listeners) and reports readiness to listen with `task_status.started(addresses)`
+only when every listener is bound. `App.shutdown` drains: /readyz flips to
+"draining" at once (so Kubernetes stops routing here), the data listener drains
+for up to `listen.drain_timeout_s`, then everything is cancelled.
 
-Policy reload swaps the whole policy into the parts that can take it live;
-listener addresses and the upstream list need a restart, and a reload that
-changes them says so in the log.
+The parts the request path uses are attributes of the app (`scheduler`, `gate`,
+`dedup`, ...), so a policy reload swaps them in one place: the scheduler and
+dedup take the new policy live (queued requests survive), the arrival gate and
+latency windows are rebuilt. Listener addresses, the upstream list and the dedup
+store need a restart; a reload that changes them says so in the log.
+
+A small `_signals` task carries slow-moving signals into admission every
+`SIGNAL_INTERVAL_S`: the slow-start factor of each upstream's limit, and GPU
+memory / KV-cache pressure for the gpu_pressure shedding rule.
 """
 
 from __future__ import annotations
@@ -22,19 +28,27 @@ from typing import Any
 import msgspec
 import trio
 
-from proxy.core.balancer import Balancer
+from proxy.core.arrival import ArrivalGate
 from proxy.http.pool import UpstreamPool
 from proxy.http.server import Server
+from proxy.policy import shedding as shedding_policy
 from proxy.policy.schema import Listen, Policy
 from proxy.runtime.admin import AdminHandler
+from proxy.runtime.dedup import Dedup, build_store
+from proxy.runtime.gpu import GpuSampler
 from proxy.runtime.metrics import Metrics
+from proxy.runtime.observe import Observatory
+from proxy.runtime.readiness import UpstreamLifecycles
 from proxy.runtime.reload import PolicyReloader, PolicyVersion
 from proxy.runtime.request_path import RequestPath
+from proxy.runtime.scheduler import Scheduler
+from proxy.runtime.upstream_metrics import UpstreamMetricsReader
 
 log = logging.getLogger("rampmeter")
 
 # The admin listener serves a handful of small GETs; tight limits keep it cheap.
 ADMIN_LIMITS = Listen(max_connections=64, max_concurrent_streams=16, max_body_bytes=0, header_timeout_s=5.0)
+SIGNAL_INTERVAL_S = 0.25
 
 
 class App:
@@ -46,24 +60,28 @@ class App:
         policy_path: str | None = None,
         registry=None,
         rng: random.Random | None = None,
+        nvml: Any = None,
     ) -> None:
         self.policy = policy
         self.version = version
         self.policy_path = policy_path
-        self.metrics = Metrics(registry)
-        self.metrics.policy_version.set(version.version)
-        self._rng = rng or random.Random()
-        self.pool = UpstreamPool(policy.upstreams, metrics=self.metrics)
-        self.balancer = Balancer(
-            len(policy.upstreams), [u.cooldown_s for u in policy.upstreams], rng=self._rng
-        )
-        self.request_path = RequestPath(
-            policy=policy, pool=self.pool, balancer=self.balancer, metrics=self.metrics
-        )
-        self.data_server = Server(self.request_path, policy.listen, metrics=self.metrics, name="data")
+        self.rng = rng or random.Random()
+        self.metrics = metrics = Metrics(registry)
+        metrics.policy_version.set(version.version)
+        self.pool = UpstreamPool(policy.upstreams, metrics=metrics)
+        self.scheduler = Scheduler(policy, rng=self.rng, metrics=metrics)
+        self.observatory = Observatory(policy.latency, metrics.registry)
+        self.gate: ArrivalGate | None = None
+        self._build_gate(policy)
+        self.dedup = Dedup(policy.dedup, build_store(policy.dedup, metrics), metrics, rng=self.rng)
+        self.lifecycles = UpstreamLifecycles(policy, metrics=metrics)
+        self.gpu = GpuSampler(policy.gpu, metrics=metrics, nvml=nvml)
+        self.upstream_metrics = UpstreamMetricsReader(policy, metrics=metrics)
+        self.request_path = RequestPath(self)
+        self.data_server = Server(self.request_path, policy.listen, metrics=metrics, name="data")
         self.admin_server = Server(
             AdminHandler(
-                registry=self.metrics.registry,
+                registry=metrics.registry,
                 stats=self.statistics,
                 policy=self.policy_snapshot,
                 readiness=self.readiness,
@@ -72,23 +90,47 @@ class App:
             name="admin",
         )
         self.reloader: PolicyReloader | None = None
+        self.nursery: trio.Nursery | None = None
         self.draining = False
 
     def __repr__(self) -> str:
         return f"<App policy v{self.version.version} from {self.version.source} draining={self.draining}>"
 
+    def _build_gate(self, policy: Policy) -> None:
+        """The arrival gate (shedding, quotas, deadline check), rebuilt whole on reload."""
+        ctl = self.scheduler.controller
+        shedder = shedding_policy.shedder(policy.shedding, len(policy.classes), self.rng)
+        tenants = shedding_policy.tenant_quota(policy.tenants)
+        pressure = self.gate.gpu_memory_fraction if self.gate is not None else 0.0
+        self.gate = ArrivalGate(policy, shedder, tenants, self.observatory.service)
+        self.gate.gpu_memory_fraction = pressure
+        ctl.checks = [self.gate]
+        # Queue-full answers get the same jittered, bounded Retry-After as shed ones.
+        ctl.retry_after = lambda c, klass, now: shedder.retry_after(c.expected_wait_ms(klass, float("inf"), now))
+
     async def run(self, data_address: str, admin_address: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with self.pool, trio.open_nursery() as nursery:
-            self._nursery = nursery
+            self.nursery = nursery
+            await nursery.start(self.dedup.run)
+            await nursery.start(self.lifecycles.run)
+            await nursery.start(self.gpu.run)
+            await nursery.start(self.upstream_metrics.run)
+            nursery.start_soon(self._signals)
             data = await nursery.start(self.data_server.serve, data_address)
             admin = await nursery.start(self.admin_server.serve, admin_address)
             if self.policy_path:
-                self.reloader = PolicyReloader(
-                    self.policy_path, self.version, self.apply_policy, metrics=self.metrics
-                )
+                self.reloader = PolicyReloader(self.policy_path, self.version, self.apply_policy, metrics=self.metrics)
                 await nursery.start(self.reloader.run)
             log.info("serving on %s (admin %s), upstreams %s", data, admin, [u.url for u in self.policy.upstreams])
             task_status.started({"data": data, "admin": admin})
+
+    async def _signals(self) -> None:
+        while True:
+            for i in range(len(self.policy.upstreams)):
+                self.scheduler.set_capacity_factor(i, self.lifecycles.limit_factor(i))
+            pressure = [x for x in (self.gpu.memory_fraction(), self.upstream_metrics.kv_cache_fraction()) if x is not None]
+            self.gate.gpu_memory_fraction = max(pressure, default=0.0)
+            await trio.sleep(SIGNAL_INTERVAL_S)
 
     async def shutdown(self) -> None:
         """Drain the data path, then stop everything (admin last, so /readyz says why)."""
@@ -96,24 +138,30 @@ class App:
         drain_s = self.policy.listen.drain_timeout_s
         log.info("draining for up to %.1fs", drain_s)
         await self.data_server.shutdown(drain_s)
-        self._nursery.cancel_scope.cancel()
+        if self.nursery is not None:
+            self.nursery.cancel_scope.cancel()
 
     def apply_policy(self, policy: Policy, version: PolicyVersion) -> None:
         old = self.policy
         restart_needed = [
             name
             for name, before, after in (
-                ("listen", old.listen, policy.listen),
+                ("listen.address", old.listen.address, policy.listen.address),
                 ("admin", old.admin, policy.admin),
                 ("upstreams", old.upstreams, policy.upstreams),
+                ("dedup.store", (old.dedup.store, old.dedup.redis_url), (policy.dedup.store, policy.dedup.redis_url)),
             )
             if before != after
         ]
         if restart_needed:
             log.warning("policy v%d changes %s; those take effect at the next restart", version.version, restart_needed)
-        self.policy = policy
-        self.version = version
-        self.request_path.policy = policy
+        self.policy, self.version = policy, version
+        self.scheduler.apply_policy(policy)
+        if policy.latency != old.latency:
+            self.observatory.configure(policy.latency)  # new windows, samples start over
+        self._build_gate(policy)
+        self.dedup.policy = policy.dedup
+        self.lifecycles.update_policy(policy)
         self.metrics.policy_version.set(version.version)
 
     # --- introspection ---------------------------------------------------
@@ -121,14 +169,23 @@ class App:
     def readiness(self) -> tuple[bool, str]:
         if self.draining:
             return False, "draining"
-        return True, "ready"
+        return self.lifecycles.readiness()
 
     def statistics(self) -> dict[str, Any]:
+        now = trio.current_time()
         return {
             "policy": {"version": self.version.version, "source": self.version.source},
             "server": self.data_server.statistics(),
+            "admission": self.scheduler.statistics(),
+            "shedding": self.gate.shedder.statistics(),
+            "tenants": self.gate.tenants.statistics() if self.gate.tenants else None,
+            "gpu_memory_pressure": self.gate.gpu_memory_fraction,
+            "latency": self.observatory.statistics(now),
+            "dedup": self.dedup.statistics(),
+            "readiness": self.lifecycles.statistics(),
+            "gpu": self.gpu.statistics(),
+            "upstream_metrics": self.upstream_metrics.statistics(),
             "upstreams": self.pool.statistics(),
-            "balancer": self.balancer.statistics(),
             "reload": self.reloader.statistics() if self.reloader else None,
         }
 

@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health check is noise
     try:
         policy, version = resolve_policy(args)
     except PolicyError as exc:

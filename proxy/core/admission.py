@@ -58,6 +58,7 @@ from proxy.core.decisions import (
 from proxy.core.limits import make_limit
 from proxy.core.rates import DecayedRate
 from proxy.core.service_model import ServiceModels
+from proxy.core.shedding import LoadSnapshot
 from proxy.core.sjf import Entry
 from proxy.core.waitline import Waitline
 from proxy.core.wire import Reason
@@ -121,12 +122,19 @@ class AdmissionController:
     def estimate(self, path: str, body: bytes, hint: int | None = None) -> Cost:
         return self.estimator.estimate(path, body, hint)
 
-    def ticket(self, klass: str, cost: Cost, deadline: float | None = None) -> Ticket:
+    def ticket(
+        self,
+        klass: str,
+        cost: Cost,
+        deadline: float | None = None,
+        budget_ms: int | None = None,
+        tenant: bytes = b"",
+    ) -> Ticket:
         """A ticket with its expected service time from the route's learned model."""
         expected = self.models.expected_ms(
             cost.route, cost.prompt_tokens, cost.output_tokens, float(cost.units)
         )
-        return Ticket(next(self._ticket_ids), klass, cost, expected, deadline)
+        return Ticket(next(self._ticket_ids), klass, cost, expected, deadline, budget_ms, tenant)
 
     def arrive(self, ticket: Ticket, now: float) -> Admit | Enqueue | Reject:
         self._now = now
@@ -391,6 +399,28 @@ class AdmissionController:
             return 0.0
         ahead = self.waitline.work_ahead_ms(klass, expected_ms, exclude)
         return (ahead + self._inflight_expected_ms / 2.0) / max(1, sum(self.capacity.requests))
+
+    def load_snapshot(
+        self, now: float, ranked: tuple[str, ...], gpu_memory_fraction: float = 0.0
+    ) -> LoadSnapshot:
+        """What the shedding rules read, per arrival: O(classes + upstreams), no dicts."""
+        queues, head_wait = self.waitline.queues, 0.0
+        depths = []
+        for name in ranked:
+            q = queues[name]
+            depths.append(q.live)
+            if q.live:
+                head_wait = max(head_wait, (now - q.oldest().enqueued_at) * 1000.0)
+        cap = self.capacity
+        return LoadSnapshot(
+            tuple(depths),
+            head_wait,
+            sum(cap.requests),
+            sum(cap.limit(i) for i in range(len(cap))),
+            self._arrivals.rate(now) - self._leaves.rate(now),
+            self._drain.rate(now),
+            gpu_memory_fraction,
+        )
 
     def statistics(self, now: float | None = None) -> dict:
         now = self._now if now is None else now

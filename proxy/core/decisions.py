@@ -38,6 +38,8 @@ class Ticket:
     cost: Cost
     expected_ms: float
     deadline: float | None = None  # absolute, seconds on the controller's clock
+    budget_ms: int | None = None  # the client's whole budget, for Retry-After on an unmeetable deadline
+    tenant: bytes = b""  # for per-tenant quotas (proxy.core.token_bucket.tenant_key)
 
 
 @dataclass(frozen=True, slots=True)

@@ -215,6 +215,10 @@ class LatencyFamily:
     def tracker(self, key: object) -> WindowedQuantiles | None:
         return self._trackers.get(key)
 
+    def keys(self) -> list[object]:
+        """Keys with a tracker, least recently recorded first."""
+        return list(self._trackers)
+
     def statistics(self) -> FamilyStatistics:
         return FamilyStatistics(len(self._trackers), self.max_keys, self._evictions)
 

@@ -3,20 +3,27 @@
 Theory of operation: `RequestPath.__call__` is the data listener's handler and
 reads like the path itself:
 
-    read the bounded body -> choose an upstream -> forward with the remaining
-    budget -> stream the response back -> record
+    read the bounded body -> classify (class, cost, tenant, one absolute deadline)
+    -> dedup claim (leader / follower / replay) -> readiness -> shed check and
+    admission queue (SJF with aging), waiting for a slot under the deadline ->
+    forward upstream with the remaining budget -> stream the response back ->
+    record latency, resolve dedup, release the slot exactly once
 
 Each step is a call into the module that owns it; this file only sequences them
-and maps failures onto the wire contract (proxy/core/wire.py):
-connect failure -> 502 upstream_unavailable, the upstream's own time cap ->
-504 upstream_timeout, a broken upstream before any response byte -> 502. After
-response bytes went out there is no status left to change: the downstream
-stream is aborted, which the client sees as a truncated response.
+and answers per the wire contract (proxy/core/wire.py). The one deadline is
+applied once, with `trio.move_on_at`, around queueing and the upstream call: a
+request whose deadline passes is answered 504 deadline_expired, and its upstream
+exchange is cancelled, freeing the GPU.
 
-Request bodies are read whole (bounded by listen.max_body_bytes) before
-forwarding: admission needs them to estimate cost and fingerprint idempotent
-requests, the same choice the Gateway API inference extension makes. Responses
-always stream, chunk by chunk, unbuffered.
+Request bodies are read whole (bounded by listen.max_body_bytes) before anything
+else: admission needs them to estimate cost and dedup to fingerprint them, the
+same choice the Gateway API inference extension makes. Responses always stream.
+
+Idempotent requests: the dedup leader's exchange writes into a recording that its
+own client, coalesced followers and later replays all read (proxy/runtime/sinks.py).
+With dedup.continue_on_disconnect (default) the exchange runs in a task of the
+app's nursery, so a client that disconnects and retries attaches to the work
+already running instead of paying the GPU twice.
 """
 
 from __future__ import annotations
@@ -26,88 +33,118 @@ import logging
 import trio
 
 from proxy.core import wire
-from proxy.errors import UpstreamConnectError, UpstreamError
-from proxy.http import forward
-from proxy.http.messages import Request, ResponseSink, header_value
+from proxy.core.decisions import Outcome, Reject, Ticket
+from proxy.http.messages import Request, ResponseSink
+from proxy.runtime import relay
+from proxy.runtime.classify import classify
+from proxy.runtime.dedup import Follower, Leader, Replay
+from proxy.runtime.sinks import RecordingSink, TeeSink, play
 
 log = logging.getLogger("rampmeter.request")
 
-_CONTENT_LENGTH = b"content-length"
+_QUEUE_MS = wire.QUEUE_MS.encode()
+_HINT_MS = wire.TIMEOUT_HINT_MS.encode()
+_FAILED = (Outcome.ERROR, Outcome.REFUSED)
+
+
+class ResponseAborted(Exception):
+    """The response had started when the deadline passed: the client's stream is cut."""
 
 
 class RequestPath:
-    """Handler for the data listener; one instance per sidecar, policy swappable."""
+    """Handler for the data listener; one per sidecar. `app` holds the parts (swapped on reload)."""
 
-    def __init__(self, *, policy, pool, balancer, metrics) -> None:
-        self.policy = policy
-        self._pool = pool
-        self._balancer = balancer
-        self._metrics = metrics
-        self._inflight = metrics.requests_in_flight
-        self._disconnects = metrics.client_disconnects
-        self._rejections = {reason: metrics.rejections.labels(reason.value) for reason in wire.Reason}
+    def __init__(self, app) -> None:
+        self.app = app
+        metrics = app.metrics
+        self._rejections = {r: metrics.rejections.labels(r.value) for r in wire.Reason}
+        self._goodput: dict[str, object] = {}
+        self._goodput_metric = metrics.goodput
 
     async def __call__(self, request: Request, sink: ResponseSink) -> None:
-        self._inflight.inc()
-        try:
-            await self._handle(request, sink)
-        except trio.Cancelled:
-            if request.client_gone:
-                self._disconnects.inc()
-            raise
-        finally:
-            self._inflight.dec()
-
-    async def _handle(self, request: Request, sink: ResponseSink) -> None:
+        app = self.app
         body = await request.body.read_all()
-        upstream = self._balancer.choose(trio.current_time())
-        await self._forward(request, sink, upstream, body)
-
-    async def _forward(self, request: Request, sink: ResponseSink, upstream: int, body: bytes) -> None:
-        config = self.policy.upstreams[upstream]
-        headers = forward.request_headers(request, self._pool.authority(upstream))
-        extra = [(wire.QUEUE_MS.encode(), b"0")]
         try:
-            with trio.fail_after(config.timeout_s):
-                async with self._pool.request(upstream, request.method, request.target, headers, body) as resp:
-                    await _relay(resp, sink, forward.response_headers(resp.headers) + extra)
-        except UpstreamConnectError as exc:
-            self._balancer.mark_refused(upstream, trio.current_time())
-            await self._reject(sink, wire.Reason.UPSTREAM_UNAVAILABLE, f"upstream {upstream} unavailable: {exc}")
-        except UpstreamError as exc:
+            ticket = classify(request, body, trio.current_time(), app.scheduler, app.policy)
+            identity = app.dedup.identify(request.method, request.target, request.headers, body)
+        except wire.HeaderError as exc:
+            await self.reject(sink, Reject(wire.Reason.BAD_REQUEST, None, str(exc)))
+            return
+        if identity is None:
+            await self.execute(request, body, ticket, sink)
+        else:
+            await self._idempotent(request, body, ticket, identity, sink)
+
+    async def _idempotent(self, request: Request, body: bytes, ticket: Ticket, identity, sink) -> None:
+        dedup = self.app.dedup
+        outcome = await dedup.begin(identity.scope, identity.fingerprint)
+        if isinstance(outcome, Leader):
+            handle = outcome.handle
+            if dedup.policy.continue_on_disconnect:
+                own = handle.subscribe()  # before anything is recorded
+                self.app.nursery.start_soon(self._lead, request, body, ticket, handle)
+                await play(own, sink)
+            else:
+                async with handle:
+                    await self.execute(request, body, ticket, TeeSink(sink, RecordingSink(handle)))
+                    await handle.finish(True)
+        elif isinstance(outcome, Follower | Replay):
+            await play(outcome.events, sink)
+        else:  # Mismatch, InFlightConflict, StoreDown
+            await sink.respond(*outcome.answer())
+
+    async def _lead(self, request: Request, body: bytes, ticket: Ticket, handle) -> None:
+        """The leader's exchange, outliving its client; never lets an error reach the nursery."""
+        try:
+            async with handle:
+                await self.execute(request, body, ticket, RecordingSink(handle))
+                await handle.finish(True)
+        except Exception:  # the handle told its readers; the app must keep serving
+            log.debug("idempotent exchange failed", exc_info=True)
+
+    async def execute(self, request: Request, body: bytes, ticket: Ticket, sink: ResponseSink) -> None:
+        """Readiness, admission and the upstream exchange, all under the ticket's deadline."""
+        app = self.app
+        with trio.move_on_at(ticket.deadline) as deadline:
+            if not app.lifecycles.ready and not await app.lifecycles.hold_until_ready(ticket.deadline):
+                retry_ms = app.policy.readiness.retry_after_ms
+                await self.reject(sink, Reject(wire.Reason.NOT_READY, retry_ms, "the model server is not warm yet"))
+                return
+            async with app.scheduler.admit(ticket) as slot:
+                if slot.rejection is not None:
+                    await self.reject(sink, slot.rejection)
+                    return
+                await self._forward(request, body, ticket, slot, sink)
+        if deadline.cancelled_caught:
             if sink.headers_sent:
-                raise
-            await self._reject(sink, wire.Reason.UPSTREAM_UNAVAILABLE, f"upstream {upstream} failed: {exc}")
-        except trio.TooSlowError:
-            if sink.headers_sent:
-                raise
-            await self._reject(
-                sink, wire.Reason.UPSTREAM_TIMEOUT, f"upstream {upstream} took longer than {config.timeout_s:g}s"
-            )
+                raise ResponseAborted("deadline passed while the response was streaming")
+            await self.reject(sink, Reject(wire.Reason.DEADLINE_EXPIRED, None, "the request's deadline passed"))
 
-    async def _reject(self, sink: ResponseSink, reason: wire.Reason, message: str, retry_after_ms=None) -> None:
-        self._rejections[reason].inc()
-        status, headers, body = wire.rejection(reason, message, retry_after_ms)
-        await sink.respond(status, headers, body)
+    async def _forward(self, request: Request, body: bytes, ticket: Ticket, slot, sink: ResponseSink) -> None:
+        app = self.app
+        now = trio.current_time()
+        queue_ms = slot.queue_ms
+        app.gate.shedder.on_dequeue(queue_ms, now)
+        hint = app.observatory.timeout_hint_ms(ticket, now, app.gate.service_ms(ticket, now) + queue_ms)
+        extra = [(_QUEUE_MS, b"%d" % queue_ms), (_HINT_MS, b"%d" % hint)]
+        upstream = slot.upstream
+        timeout_s = app.policy.upstreams[upstream].timeout_s
+        result = await relay.forward(app.pool, upstream, timeout_s, request, body, sink, extra)
+        slot.done(result.outcome, result.service_ms, result.observed)
+        app.lifecycles.report_result(upstream, result.outcome not in _FAILED)
+        done_at = trio.current_time()
+        app.observatory.record(ticket, queue_ms, result.service_ms, done_at)
+        if result.reason is not None:
+            self._rejections[result.reason].inc()
+        elif 200 <= result.status < 300 and done_at <= ticket.deadline:
+            self._count_goodput(ticket.klass)
 
+    def _count_goodput(self, klass: str) -> None:
+        child = self._goodput.get(klass)
+        if child is None:
+            child = self._goodput[klass] = self._goodput_metric.labels(klass)
+        child.inc()
 
-async def _relay(resp, sink: ResponseSink, headers) -> None:
-    """Copy the upstream response to the client as it arrives.
-
-    Fast path: a response whose whole body came with its first read (the common
-    small JSON answer) goes out as one write. Everything else streams: each
-    upstream chunk is sent on as soon as it arrives (SSE tokens included).
-    """
-    first = await resp.receive()
-    length = header_value(resp.headers, _CONTENT_LENGTH)
-    if not first or (length is not None and len(first) == int(length)):
-        await sink.respond(resp.status, headers, first)
-        while await resp.receive():  # lets the pool see the end and reuse the connection
-            pass
-        return
-    await sink.start(resp.status, headers)
-    chunk = first
-    while chunk:
-        await sink.send(chunk)
-        chunk = await resp.receive()
-    await sink.end()
+    async def reject(self, sink: ResponseSink, reject: Reject) -> None:
+        self._rejections[reject.reason].inc()
+        await sink.respond(*reject.response())

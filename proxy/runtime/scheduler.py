@@ -134,12 +134,21 @@ class Scheduler:
         return self.controller.estimate(path, body, hint)
 
     def ticket(
-        self, priority: bytes | str | None, cost: Cost, deadline: float | None = None
+        self,
+        priority: bytes | str | None,
+        cost: Cost,
+        deadline: float | None = None,
+        budget_ms: int | None = None,
+        tenant: bytes = b"",
     ) -> Ticket:
+        return self.controller.ticket(self.resolve_class(priority), cost, deadline, budget_ms, tenant)
+
+    def resolve_class(self, priority: bytes | str | None) -> str:
+        """The class for an x-priority value; unknown values fall back to the default and are counted."""
         klass, known = self.controller.resolve_class(priority)
         if not known and self._m:
             self._m.unknown_priority.inc()
-        return self.controller.ticket(klass, cost, deadline)
+        return klass
 
     def admit(self, ticket: Ticket) -> _Admission:
         return _Admission(self, ticket)

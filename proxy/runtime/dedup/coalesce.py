@@ -27,11 +27,15 @@ from typing import Self
 import trio
 
 from proxy.core.dedup import END, Chunk, DedupStateError, End, Event, Failed, Head, Stored, replayed
-from proxy.core.wire import RESPONSE_HEADERS, Reason
+from proxy.core.wire import IDEMPOTENT_REPLAYED, QUEUE_MS, TIMEOUT_HINT_MS, Reason
 from proxy.http.messages import HOP_BY_HOP
 
-# Never recorded: connection-specific, or per-request headers the sidecar adds itself.
-_NOT_RECORDED = HOP_BY_HOP | {name.encode() for name in RESPONSE_HEADERS}
+# Never recorded: connection-specific headers.
+_NOT_RECORDED = HOP_BY_HOP
+# Recorded for live readers (the leader's own client, coalesced followers) but not
+# stored for replay: they describe one execution (its queue wait, the hint then),
+# and a replay gets `idempotent-replayed` added afresh.
+_PER_EXECUTION = {name.encode() for name in (QUEUE_MS, TIMEOUT_HINT_MS, IDEMPOTENT_REPLAYED)}
 
 
 class Recording:
@@ -90,7 +94,8 @@ class Recording:
     def stored(self) -> Stored:
         assert self.head is not None and self._log is not None and self.terminal is END
         chunks = [e.data for e in self._log if isinstance(e, Chunk)]
-        return Stored(self.fingerprint, self.head.status, self.head.headers, chunks, self.head.streamed)
+        headers = [(k, v) for k, v in self.head.headers if k not in _PER_EXECUTION]
+        return Stored(self.fingerprint, self.head.status, headers, chunks, self.head.streamed)
 
     def _append(self, event: Event, size: int) -> None:
         self.size += size

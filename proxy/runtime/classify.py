@@ -1,0 +1,53 @@
+"""Classify a request at the edge: class, cost, tenant and one absolute deadline.
+
+Theory of operation: everything the rest of the path needs to know about a request
+is decided here, once, from its headers and body: the class from `x-priority`
+(unknown values fall back to the policy default and are counted), the cost from
+the body (or `x-cost-hint`), the budget from `x-request-timeout-ms` / `grpc-timeout`
+(else the class default, capped at the class maximum) turned into an absolute
+deadline, and the tenant key for quotas. Malformed headers raise
+`proxy.core.wire.HeaderError`, naming the header, which the request path answers
+with 400 before any work is done.
+"""
+
+from __future__ import annotations
+
+from proxy.core import deadline as dl
+from proxy.core import wire
+from proxy.core.decisions import Ticket
+from proxy.core.token_bucket import tenant_key
+from proxy.http.messages import Request
+
+_PRIORITY = wire.PRIORITY.encode()
+_TIMEOUT = wire.REQUEST_TIMEOUT_MS.encode()
+_GRPC_TIMEOUT = wire.GRPC_TIMEOUT.encode()
+_COST_HINT = wire.COST_HINT.encode()
+_TENANT = wire.TENANT.encode()
+_AUTHORIZATION = b"authorization"
+
+
+def classify(request: Request, body: bytes, now: float, scheduler, policy) -> Ticket:
+    """The admission ticket for `request`; raises wire.HeaderError on a malformed header."""
+    priority = cost_hint = timeout = grpc_timeout = x_tenant = authorization = None
+    for name, value in request.headers:  # one pass over the headers
+        if name == _PRIORITY:
+            priority = value
+        elif name == _TIMEOUT:
+            timeout = value
+        elif name == _GRPC_TIMEOUT:
+            grpc_timeout = value
+        elif name == _COST_HINT:
+            cost_hint = value
+        elif name == _TENANT:
+            x_tenant = value
+        elif name == _AUTHORIZATION:
+            authorization = value
+    klass = scheduler.resolve_class(priority)
+    limits = policy.classes[klass]
+    budget = dl.budget_ms(timeout, grpc_timeout, default_ms=limits.default_timeout_ms, max_ms=limits.max_timeout_ms)
+    hint = None if cost_hint is None else wire.parse_cost_hint(cost_hint)
+    cost = scheduler.estimate(request.path.decode("latin-1"), body, hint)
+    tenant = b""
+    if policy.tenants.enabled:
+        tenant = tenant_key(x_tenant, authorization, trust_x_tenant=policy.tenants.trust_x_tenant)
+    return scheduler.ticket(klass, cost, dl.deadline_at(now, budget), budget, tenant)

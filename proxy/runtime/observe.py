@@ -1,0 +1,105 @@
+"""Observed latency: what the sidecar has seen, for decisions, headers and dashboards.
+
+Theory of operation: three windowed quantile families (proxy/core/quantiles.py),
+keyed by (route, cost bucket): service time (first request byte upstream to the
+response's last byte: some model servers send 200 before any work and stream for
+long after), queue wait, and end to end. The arrival gate reads service p99 from
+here; every proxied response carries `x-rampmeter-timeout-hint-ms`, the client
+timeout the sidecar recommends (end-to-end p99 x latency.timeout_hint_factor,
+falling back to the expected service time until there are samples).
+
+The quantiles are exported at scrape time by a custom collector
+(`rampmeter_latency_quantile_seconds{kind, route, bucket, quantile}`), so
+recording costs a histogram increment and nothing else. Cardinality is bounded
+by latency.max_keys per family.
+"""
+
+from __future__ import annotations
+
+import trio
+from prometheus_client.core import GaugeMetricFamily
+
+from proxy.core import deadline as dl
+from proxy.core.arrival import service_key
+from proxy.core.decisions import Ticket
+from proxy.policy import shedding as shedding_policy
+
+QUANTILES = (0.5, 0.9, 0.99)
+KINDS = ("service", "queue", "end_to_end")
+
+
+class Observatory:
+    def __init__(self, latency_policy, registry=None) -> None:
+        self.configure(latency_policy)
+        if registry is not None:
+            registry.register(_QuantileCollector(self))
+
+    def configure(self, latency_policy) -> None:
+        """(Re)build the windows from `[latency]`; samples start over."""
+        self.policy = latency_policy
+        self.families = {kind: shedding_policy.latency_family(latency_policy) for kind in KINDS}
+        self.service = self.families["service"]
+
+    def record(self, ticket: Ticket, queue_ms: float, service_ms: float | None, now: float) -> None:
+        key = service_key(ticket)
+        self.families["queue"].record(key, queue_ms, now)
+        if service_ms is not None:
+            self.service.record(key, service_ms, now)
+            self.families["end_to_end"].record(key, queue_ms + service_ms, now)
+
+    def timeout_hint_ms(self, ticket: Ticket, now: float, fallback_ms: float) -> int:
+        p = self.policy
+        p99 = self.families["end_to_end"].quantile(service_key(ticket), 0.99, now)
+        return dl.timeout_hint_ms(
+            fallback_ms if p99 is None else p99, p.timeout_hint_factor, p.timeout_hint_min_ms, p.timeout_hint_max_ms
+        )
+
+    def statistics(self, now: float) -> dict:
+        out: dict = {}
+        for kind, family in self.families.items():
+            rows = []
+            for key in family.keys():
+                tracker = family.tracker(key)
+                route, bucket = key
+                rows.append(
+                    {
+                        "route": route,
+                        "cost_bucket": bucket,
+                        "count": tracker.count(now),
+                        **{f"p{int(q * 100)}_ms": tracker.quantile(q, now) for q in QUANTILES},
+                    }
+                )
+            out[kind] = rows
+        return out
+
+
+class _QuantileCollector:
+    """Prometheus collector: windowed p50/p90/p99 per kind and key, computed at scrape time."""
+
+    def __init__(self, observatory: Observatory) -> None:
+        self._obs = observatory
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        try:
+            now = trio.current_time()
+        except RuntimeError:  # scraped from outside trio (tests): nothing to report
+            return
+        gauge = GaugeMetricFamily(
+            "rampmeter_latency_quantile_seconds",
+            "Windowed latency quantiles (latency.window_s) by kind, route and cost bucket.",
+            labels=["kind", "route", "bucket", "quantile"],
+        )
+        for kind, family in self._obs.families.items():
+            for key in family.keys():
+                tracker = family.tracker(key)
+                if tracker is None or not tracker.count(now):
+                    continue
+                route, bucket = key
+                for q in QUANTILES:
+                    value = tracker.quantile(q, now)
+                    if value is not None:
+                        gauge.add_metric([kind, route, str(bucket), str(q)], value / 1000.0)
+        yield gauge

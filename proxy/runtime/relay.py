@@ -1,0 +1,136 @@
+"""Forward one admitted request upstream and relay the response as it arrives.
+
+Theory of operation: `forward()` runs one upstream exchange inside the caller's
+cancel scope (which carries the request's one deadline) plus the upstream's own
+cap (`upstreams[i].timeout_s`). It returns what admission must learn: the
+outcome (SUCCESS, DROPPED when the upstream itself signalled overload with
+503/429, ERROR, REFUSED), the service time (first request byte to the last
+response byte) and, when the upstream reported it, the tokens it used.
+
+Failures before any response byte are answered here per the wire contract
+(502 upstream_unavailable, 504 upstream_timeout). After response bytes went out
+nothing can be answered any more: the exception propagates and the server
+aborts the client's stream, which the client sees as a truncated response.
+
+Usage: a whole JSON body's `usage` is parsed (msgspec, only that field); a
+stream's tokens are counted as its SSE `data:` events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+import trio
+
+from proxy.core import wire
+from proxy.core.decisions import Observed, Outcome
+from proxy.errors import UpstreamConnectError, UpstreamError
+from proxy.http import forward as fwd
+from proxy.http.messages import Headers, Request, ResponseSink, header_value
+
+_CONTENT_LENGTH = b"content-length"
+_USAGE_PARSE_MAX = 65_536
+_SSE_EVENT = b"data:"
+_SSE_DONE = b"data: [DONE]"
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class _WithUsage(msgspec.Struct):
+    usage: _Usage | None = None
+
+
+_decode_usage = msgspec.json.Decoder(_WithUsage).decode
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarded:
+    outcome: Outcome
+    status: int  # what the client was answered
+    service_ms: float | None = None
+    observed: Observed | None = None
+    reason: wire.Reason | None = None  # set when the sidecar answered for the upstream
+
+
+async def forward(
+    pool,
+    upstream: int,
+    timeout_s: float,
+    request: Request,
+    body: bytes,
+    sink: ResponseSink,
+    extra_headers: Headers,
+) -> Forwarded:
+    headers = fwd.request_headers(request, pool.authority(upstream))
+    started = trio.current_time()
+    try:
+        with trio.fail_after(timeout_s):
+            async with pool.request(upstream, request.method, request.target, headers, body) as resp:
+                out_headers = fwd.response_headers(resp.headers, resp.http_version)
+                out_headers += extra_headers
+                observed = await _relay(resp, sink, out_headers)
+                status = resp.status
+    except UpstreamConnectError as exc:
+        message = f"upstream {upstream} unavailable: {exc}"
+        return await _answer(sink, Outcome.REFUSED, wire.Reason.UPSTREAM_UNAVAILABLE, message)
+    except UpstreamError as exc:
+        if sink.headers_sent:
+            raise
+        message = f"upstream {upstream} failed: {exc}"
+        return await _answer(sink, Outcome.ERROR, wire.Reason.UPSTREAM_UNAVAILABLE, message)
+    except trio.TooSlowError:
+        if sink.headers_sent:
+            raise
+        message = f"upstream {upstream} took longer than {timeout_s:g}s"
+        return await _answer(sink, Outcome.DROPPED, wire.Reason.UPSTREAM_TIMEOUT, message)
+    service_ms = (trio.current_time() - started) * 1000.0
+    if status in (429, 503):
+        return Forwarded(Outcome.DROPPED, status, service_ms)
+    return Forwarded(Outcome.ERROR if status >= 500 else Outcome.SUCCESS, status, service_ms, observed)
+
+
+async def _answer(sink: ResponseSink, outcome: Outcome, reason: wire.Reason, message: str) -> Forwarded:
+    status, headers, body = wire.rejection(reason, message)
+    await sink.respond(status, headers, body)
+    return Forwarded(outcome, status, reason=reason)
+
+
+async def _relay(resp, sink: ResponseSink, headers: Headers) -> Observed | None:
+    """Copy the response to the client as it arrives; returns the usage it reported.
+
+    Fast path: a response whose whole body came with its first read (the common
+    small JSON answer) goes out as one write. Everything else streams: each
+    upstream chunk is sent on as soon as it arrives (SSE tokens included).
+    """
+    first = await resp.receive()
+    length = header_value(resp.headers, _CONTENT_LENGTH)
+    if not first or (length is not None and len(first) == int(length)):
+        await sink.respond(resp.status, headers, first)
+        while await resp.receive():  # lets the pool see the end and reuse the connection
+            pass
+        return _json_usage(first)
+    await sink.start(resp.status, headers)
+    events = 0
+    chunk = first
+    while chunk:
+        await sink.send(chunk)
+        events += chunk.count(_SSE_EVENT) - chunk.count(_SSE_DONE)
+        chunk = await resp.receive()
+    await sink.end()
+    return Observed(output_tokens=events) if events > 0 else None
+
+
+def _json_usage(body: bytes) -> Observed | None:
+    if not body or len(body) > _USAGE_PARSE_MAX or body[:1] != b"{":
+        return None
+    try:
+        usage = _decode_usage(body).usage
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if usage is None:
+        return None
+    return Observed(usage.prompt_tokens, usage.completion_tokens)
