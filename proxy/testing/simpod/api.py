@@ -59,6 +59,7 @@ class PodAPI:
             b"/sim/faults": (b"POST", self._faults),
             b"/sim/reset-stats": (b"POST", self._reset),
             b"/metrics": (b"GET", self._metrics),
+            b"/sim/echo": (b"POST", self._echo),
         }
         for path, kind in ENDPOINTS.items():
             self._routes[path] = (b"POST", self._inference_for(kind))
@@ -173,6 +174,13 @@ class PodAPI:
             return await self._error(sink, 400, f"bad fault: {exc}", "invalid_request_error")
         self.pod.faults.replace(fault)
         await sink.respond(200, _JSON, _encode(self.pod.faults.statistics(self.pod.elapsed())))
+
+    async def _echo(self, request: Request, sink: ResponseSink) -> None:
+        """Stream the request body back as it arrives: for wire tests (large bodies, flow control)."""
+        await sink.start(200, [(b"content-type", b"application/octet-stream")])
+        async for chunk in request.body.chunks():
+            await sink.send(chunk)
+        await sink.end()
 
     async def _reset(self, request: Request, sink: ResponseSink) -> None:
         await request.body.read_all()
