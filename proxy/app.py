@@ -15,8 +15,10 @@ latency windows are rebuilt. Listener addresses, the upstream list and the dedup
 store need a restart; a reload that changes them says so in the log.
 
 A small `_signals` task carries slow-moving signals into admission every
-`SIGNAL_INTERVAL_S`: the slow-start factor of each upstream's limit, and GPU
-memory / KV-cache pressure for the gpu_pressure shedding rule.
+`SIGNAL_INTERVAL_S` (and at once when the sidecar becomes ready, so the limit is
+open before the first request after /readyz turns 200): the slow-start factor of
+each upstream's limit, and GPU memory / KV-cache pressure for the gpu_pressure
+shedding rule.
 """
 
 from __future__ import annotations
@@ -130,7 +132,13 @@ class App:
                 self.scheduler.set_capacity_factor(i, self.lifecycles.limit_factor(i))
             pressure = [x for x in (self.gpu.memory_fraction(), self.upstream_metrics.kv_cache_fraction()) if x is not None]
             self.gate.gpu_memory_fraction = max(pressure, default=0.0)
-            await trio.sleep(SIGNAL_INTERVAL_S)
+            if self.lifecycles.ready:
+                await trio.sleep(SIGNAL_INTERVAL_S)
+                continue
+            # Not ready: the factor is 0. Becoming ready must open the limit at once,
+            # or the first requests after /readyz turns 200 queue up to SIGNAL_INTERVAL_S.
+            with trio.move_on_after(SIGNAL_INTERVAL_S):
+                await self.lifecycles.wait_ready()
 
     async def shutdown(self) -> None:
         """Drain the data path, then stop everything (admin last, so /readyz says why)."""
@@ -155,6 +163,16 @@ class App:
         ]
         if restart_needed:
             log.warning("policy v%d changes %s; those take effect at the next restart", version.version, restart_needed)
+            # Until then they run as they are, and the policy in force must say so: the
+            # parts sized by the upstream list index it (a file listing more upstreams than
+            # `--upstream` gave crashed the sidecar), and command-line overrides survive.
+            policy = msgspec.structs.replace(
+                policy,
+                listen=msgspec.structs.replace(policy.listen, address=old.listen.address),
+                admin=old.admin,
+                upstreams=old.upstreams,
+                dedup=msgspec.structs.replace(policy.dedup, store=old.dedup.store, redis_url=old.dedup.redis_url),
+            )
         self.policy, self.version = policy, version
         self.scheduler.apply_policy(policy)
         if policy.latency != old.latency:

@@ -53,7 +53,10 @@ class Capacity:
     def limit(self, i: int) -> int:
         factor = self.factors[i]
         value = self.limits[i].value
-        return value if factor == 1.0 else int(value * factor)
+        if factor == 1.0:
+            return value
+        # 0: the upstream is not ready; a ramp that admits nothing observes nothing, so >= 1 otherwise.
+        return 0 if factor <= 0.0 else max(1, int(value * factor))
 
     def has_room(self) -> bool:
         """Some upstream has a unit free (cheap pre-check before trying candidates)."""

@@ -148,12 +148,15 @@ class UpstreamLifecycle:
     def health(self, now: float, ok: bool, identity: tuple[str, ...] | None = None) -> Sequence[Transition]:
         """One active health check. `identity` is what the upstream says it is, if it says."""
         out: list[Transition] = []
+        # A new identity is a restart even in a failing answer (a restarted vLLM says
+        # 503 while it loads): traffic must stop going to it at once, not after
+        # `unhealthy_after` failed checks.
+        if identity is not None:
+            if self._identity is not None and identity != self._identity:
+                out.append(self._fire(now, Event.RESTARTED))
+            self._identity = identity
         if ok:
             self._health_failures = 0
-            if identity is not None:
-                if self._identity is not None and identity != self._identity:
-                    out.append(self._fire(now, Event.RESTARTED))
-                self._identity = identity
             out.append(self._fire(now, Event.HEALTH_OK))
             if out[-1].after is State.COLD:  # unhealthy -> cold: this same check starts the warm-up
                 out.append(self._fire(now, Event.HEALTH_OK))

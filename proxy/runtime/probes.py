@@ -58,7 +58,7 @@ async def check_health(client: httpx.AsyncClient, base_url: str, warmup: Warmup)
         except httpx.HTTPError as exc:
             return HealthResult(False, None, _error(exc))
         ok = 200 <= response.status_code < 300
-        identity = identity_of(response.content, warmup.identity_keys) if ok else None
+        identity = identity_of(response.content, warmup.identity_keys)  # also from a 503 "loading"
         return HealthResult(ok, identity, str(response.status_code))
     return HealthResult(False, None, "timeout")
 

@@ -133,6 +133,14 @@ def test_changed_identity_is_a_restart_then_a_new_warm_up():
     assert not lc.ready and lc.statistics().identity == ("instance_id=b",)
 
 
+def test_a_restart_seen_in_a_failing_health_answer_stops_traffic_at_once():
+    """A restarted server says 503 while it loads: that alone must take it out of rotation."""
+    lc = warm(make(), identity=("instance_id=a",))
+    events = [(t.event, t.after) for t in lc.health(20.0, False, ("instance_id=b",))]
+    assert events == [(Event.RESTARTED, State.COLD)]
+    assert not lc.ready
+
+
 def test_same_or_absent_identity_is_not_a_restart():
     lc = warm(make(), identity=("instance_id=a",))
     assert [t.event for t in lc.health(20.0, True, ("instance_id=a",))] == [Event.HEALTH_OK]
