@@ -1,10 +1,10 @@
-"""Dedup across replicas on a real redis-server (loopback): two engines = two replicas."""
+"""Dedup across replicas on a real redis-server (loopback): two engines = two replicas.
+
+The `redis_server` fixture is in tests/integration/conftest.py (shared with test_dedup_e2e.py).
+"""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import time
 from contextlib import asynccontextmanager
 
 import pytest
@@ -15,51 +15,11 @@ from proxy.core.wire import Reason
 from proxy.policy.dedup import Dedup as DedupPolicy
 from proxy.runtime.dedup import Dedup, Follower, Leader, Replay, StoreDown, build_store
 from proxy.runtime.metrics import Metrics
-from tests.conftest import free_port, require_binary
 
 pytestmark = pytest.mark.integration
 
 AUTH_A = [(b"idempotency-key", b"job-7"), (b"authorization", b"Bearer tenant-a")]
 AUTH_B = [(b"idempotency-key", b"job-7"), (b"authorization", b"Bearer tenant-b")]
-
-
-class RedisServer:
-    """redis-server on a free loopback port, without persistence; can be killed and restarted."""
-
-    def __init__(self, binary: str) -> None:
-        self.binary, self.port, self.proc = binary, free_port(), None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError("redis-server did not start")
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            self.proc = None
-
-
-@pytest.fixture
-def redis_server():
-    server = RedisServer(require_binary("redis-server"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 @asynccontextmanager

@@ -18,6 +18,7 @@ from proxy.runtime.dedup import (
     MemoryStore,
     Mismatch,
     Replay,
+    StoreUnavailable,
     failure_answer,
 )
 from proxy.runtime.metrics import Metrics
@@ -278,3 +279,37 @@ async def test_a_follower_whose_client_leaves_is_detached(autojump_clock):
     leader.record_chunk(b"more")  # nothing queues up for the departed reader
     await leader.finish(True)
     assert await collect(follower.events) == []
+
+
+class DownStore(MemoryStore):
+    """claim() waits, then finds its backend gone: duplicates sent together all see the outage."""
+
+    in_process = False
+
+    async def claim(self, *args):
+        await trio.sleep(0.01)
+        raise StoreUnavailable("redis: connection refused")
+
+
+async def test_duplicates_arriving_together_coalesce_locally_while_the_store_is_down(autojump_clock):
+    # Found end to end (tests/integration/test_dedup_e2e.py): every failed claim made its own
+    # degraded leader, so under fail_open N duplicates sent together ran N times on one replica.
+    policy = DedupPolicy(store="redis")
+    dedup = Dedup(policy, DownStore(policy.max_memory_bytes))
+    outcomes = []
+
+    async def arrive():
+        outcomes.append(await begin(dedup))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(arrive)
+    leaders = [o for o in outcomes if isinstance(o, Leader)]
+    followers = [o for o in outcomes if isinstance(o, Follower)]
+    assert len(leaders) == 1 and leaders[0].handle.degraded
+    assert len(followers) == 2 and not any(f.remote for f in followers)
+    leaders[0].handle.record_head(200, [])
+    leaders[0].handle.record_chunk(b"once")
+    await leaders[0].handle.finish(True)
+    for follower in followers:
+        assert body_of(await collect(follower.events)) == b"once"

@@ -115,6 +115,8 @@ class Dedup:
         try:
             record = await self._guard.call("claim", self._store.claim, scope, fingerprint, token, self._policy.lease_ms)
         except StoreUnavailable:
+            if (flight := self._flights.get(scope)) is not None:
+                return self._join(flight, fingerprint)  # a local leader started while we waited: coalesce
             if self._policy.on_store_error == "fail_closed":
                 return self._count("store_down", StoreDown())
             return self._lead(scope, fingerprint, token, degraded=True)

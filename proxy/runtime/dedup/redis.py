@@ -107,6 +107,7 @@ class RedisStore:
         async with client:  # connects lazily: a Redis that is down does not stop the sidecar starting
             self._scripts = {name: client.register_script(src) for name, src in _SCRIPTS.items()}
             self._client = client
+            await _preload(client)
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._notifications, client)
@@ -229,3 +230,19 @@ class RedisStore:
 
 
 _SCRIPTS = {"claim": CLAIM, "complete": COMPLETE, "release": RELEASE, "refresh": REFRESH}
+
+
+async def _preload(client: coredis.Redis[bytes]) -> None:
+    """Connect and load the scripts at start, best effort and bounded.
+
+    Without it the first burst of requests after a start each opens a connection and
+    meets NOSCRIPT before its EVAL; under store_timeout_ms they all time out together
+    and fail open (tests/integration/test_dedup_e2e.py, the two-replica burst).
+    """
+    with trio.move_on_after(CONNECT_TIMEOUT_S):
+        try:
+            for src in _SCRIPTS.values():
+                await client.script_load(src)
+        except _ERRORS as exc:  # Redis down at start: scripts load on first use instead
+            log.debug("redis: scripts not preloaded: %r", exc)
+
