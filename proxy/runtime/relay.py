@@ -12,12 +12,19 @@ Failures before any response byte are answered here per the wire contract
 nothing can be answered any more: the exception propagates and the server
 aborts the client's stream, which the client sees as a truncated response.
 
+Deadline propagation: `x-request-timeout-ms` is the caller's *remaining* budget
+(wire contract), so a client's `x-request-timeout-ms` / `grpc-timeout` go
+upstream re-stamped with what is left of the request's deadline when it is
+forwarded (time spent queueing here is gone), as gRPC and Envoy propagate
+deadlines; a deadline-aware model server then knows when nobody waits any more.
+
 Usage: a whole JSON body's `usage` is parsed (msgspec, only that field); a
 stream's tokens are counted as its SSE `data:` events.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import msgspec
@@ -33,6 +40,9 @@ _CONTENT_LENGTH = b"content-length"
 _USAGE_PARSE_MAX = 65_536
 _SSE_EVENT = b"data:"
 _SSE_DONE = b"data: [DONE]"
+_TIMEOUT = wire.REQUEST_TIMEOUT_MS.encode()
+_GRPC_TIMEOUT = wire.GRPC_TIMEOUT.encode()
+_GRPC_MAX_MS = 99_999_999  # grpc-timeout allows 8 digits
 
 
 class _Usage(msgspec.Struct):
@@ -64,9 +74,12 @@ async def forward(
     body: bytes,
     sink: ResponseSink,
     extra_headers: Headers,
+    deadline: float | None = None,
 ) -> Forwarded:
     headers = fwd.request_headers(request, pool.authority(upstream))
     started = trio.current_time()
+    if deadline is not None:
+        _restamp_budget(headers, deadline - started)
     try:
         with trio.fail_after(timeout_s):
             async with pool.request(upstream, request.method, request.target, headers, body) as resp:
@@ -91,6 +104,16 @@ async def forward(
     if status in (429, 503):
         return Forwarded(Outcome.DROPPED, status, service_ms)
     return Forwarded(Outcome.ERROR if status >= 500 else Outcome.SUCCESS, status, service_ms, observed)
+
+
+def _restamp_budget(headers: Headers, remaining_s: float) -> None:
+    """Replace the client's budget headers, in place, by the budget that remains (whole ms, >= 0)."""
+    ms = max(0, math.floor(remaining_s * 1000.0))
+    for i, (name, _) in enumerate(headers):
+        if name == _TIMEOUT:
+            headers[i] = (name, b"%d" % ms)
+        elif name == _GRPC_TIMEOUT:
+            headers[i] = (name, b"%dm" % min(ms, _GRPC_MAX_MS))
 
 
 async def _answer(sink: ResponseSink, outcome: Outcome, reason: wire.Reason, message: str) -> Forwarded:

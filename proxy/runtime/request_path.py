@@ -32,6 +32,7 @@ import logging
 
 import trio
 
+from proxy.core import deadline as dl
 from proxy.core import wire
 from proxy.core.decisions import Outcome, Reject, Ticket
 from proxy.http.messages import Request, ResponseSink
@@ -45,6 +46,7 @@ log = logging.getLogger("rampmeter.request")
 _QUEUE_MS = wire.QUEUE_MS.encode()
 _HINT_MS = wire.TIMEOUT_HINT_MS.encode()
 _FAILED = (Outcome.ERROR, Outcome.REFUSED)
+_TOO_LATE = Reject(wire.Reason.DEADLINE_EXPIRED, None, "the deadline no longer covers the expected service time")
 
 
 class ResponseAborted(Exception):
@@ -105,31 +107,48 @@ class RequestPath:
     async def execute(self, request: Request, body: bytes, ticket: Ticket, sink: ResponseSink) -> None:
         """Readiness, admission and the upstream exchange, all under the ticket's deadline."""
         app = self.app
+        refusal = None
         with trio.move_on_at(ticket.deadline) as deadline:
             if not app.lifecycles.ready and not await app.lifecycles.hold_until_ready(ticket.deadline):
                 retry_ms = app.policy.readiness.retry_after_ms
-                await self.reject(sink, Reject(wire.Reason.NOT_READY, retry_ms, "the model server is not warm yet"))
-                return
-            async with app.scheduler.admit(ticket) as slot:
-                if slot.rejection is not None:
-                    await self.reject(sink, slot.rejection)
-                    return
-                await self._forward(request, body, ticket, slot, sink)
-        if deadline.cancelled_caught:
+                refusal = Reject(wire.Reason.NOT_READY, retry_ms, "the model server is not warm yet")
+            else:
+                async with app.scheduler.admit(ticket) as slot:
+                    if slot.rejection is not None:
+                        refusal = slot.rejection
+                    else:
+                        refusal = await self._forward(request, body, ticket, slot, sink)
+        # Refusals are written outside the deadline's scope: a deadline that passes while the
+        # answer is being written must not cut it (a 1 ms budget would get a dropped connection).
+        if refusal is not None:
+            await self.reject(sink, refusal)
+        elif deadline.cancelled_caught:
             if sink.headers_sent:
                 raise ResponseAborted("deadline passed while the response was streaming")
             await self.reject(sink, Reject(wire.Reason.DEADLINE_EXPIRED, None, "the request's deadline passed"))
 
-    async def _forward(self, request: Request, body: bytes, ticket: Ticket, slot, sink: ResponseSink) -> None:
+    async def _forward(self, request: Request, body: bytes, ticket: Ticket, slot, sink: ResponseSink) -> Reject | None:
+        """Forward and relay; or, when the time left is below the p99 service time, the refusal to answer."""
         app = self.app
         now = trio.current_time()
         queue_ms = slot.queue_ms
         app.gate.shedder.on_dequeue(queue_ms, now)
-        hint = app.observatory.timeout_hint_ms(ticket, now, app.gate.service_ms(ticket, now) + queue_ms)
+        service_ms = app.gate.service_ms(ticket, now)
+        # The arrival check's rule, again at dequeue (docs/shedding.md): the queue's own expiry
+        # uses the mean expected time; work that would likely be cut at the deadline is not
+        # started. "try" classes go ahead while any time is left, as they ask.
+        if (
+            ticket.deadline is not None
+            and app.policy.classes[ticket.klass].on_unmeetable == "reject"
+            and dl.should_expire(now, ticket.deadline, service_ms)
+        ):
+            slot.done(Outcome.CANCELLED)
+            return _TOO_LATE
+        hint = app.observatory.timeout_hint_ms(ticket, now, service_ms + queue_ms)
         extra = [(_QUEUE_MS, b"%d" % queue_ms), (_HINT_MS, b"%d" % hint)]
         upstream = slot.upstream
         timeout_s = app.policy.upstreams[upstream].timeout_s
-        result = await relay.forward(app.pool, upstream, timeout_s, request, body, sink, extra)
+        result = await relay.forward(app.pool, upstream, timeout_s, request, body, sink, extra, ticket.deadline)
         slot.done(result.outcome, result.service_ms, result.observed)
         app.lifecycles.report_result(upstream, result.outcome not in _FAILED)
         done_at = trio.current_time()
@@ -138,6 +157,7 @@ class RequestPath:
             self._rejections[result.reason].inc()
         elif 200 <= result.status < 300 and done_at <= ticket.deadline:
             self._count_goodput(ticket.klass)
+        return None
 
     def _count_goodput(self, klass: str) -> None:
         child = self._goodput.get(klass)
