@@ -31,6 +31,7 @@ class Call:
         "base_timeout",
         "deadline",
         "floor_s",
+        "hint_s",
         "host",
         "id",
         "keyed",
@@ -62,6 +63,7 @@ class Call:
         self.attempts = 0
         self.signal = Signal.LOCAL_FAILURE
         self.floor_s = 0.0  # the server's requested wait after the last attempt
+        self.hint_s: float | None = None  # the host's hint, when it alone bounded this attempt
         self.stop: Stop | None = None
 
     def __repr__(self) -> str:

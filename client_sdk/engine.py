@@ -8,6 +8,7 @@ this engine's methods, so sync and async make identical decisions:
     before_attempt() x-request-timeout-ms = remaining budget; per-attempt timeout =
                      min(remaining, the host's last timeout hint)
     after_attempt()  classify the outcome (Signal), feed the throttle and the hint
+                     (a read timeout the hint caused doubles the hint: it was stale)
     retry(rs)        tenacity `retry=`: is another attempt *safe*? (client_sdk.rules)
     wait(rs)         tenacity `wait=`: backoff with full jitter above Retry-After
     stop(rs)         tenacity `stop=`: can we *afford* it? attempts, wait cap,
@@ -128,8 +129,14 @@ class Engine:
         hint = self._hosts.get(call.host).timeout_hint_s
         limits = [t for t in (remaining, hint) if t is not None]
         timeout = min(limits) if limits else None
+        call.hint_s = None
         if timeout is not None:
             request.extensions["timeout"] = call.attempt_timeouts(timeout)
+            caller_read = call.base_timeout.get("read")
+            if hint == timeout and (remaining is None or hint < remaining) and (
+                caller_read is None or hint < caller_read
+            ):
+                call.hint_s = hint  # the hint, not the deadline or the caller, cuts this attempt
         self.hooks.on_attempt(AttemptInfo(call.id, call.host, call.method, call.attempts, timeout))
         return remaining
 
@@ -157,6 +164,14 @@ class Engine:
             state.throttle.record(now, call.signal in ACCEPTED)
             if hint is not None:
                 state.timeout_hint_s = hint
+            elif call.signal is Signal.READ_TIMEOUT and call.hint_s is not None:
+                # The hint cut this attempt off: the server got slower than the p99 the
+                # hint came from. Back it off, as TCP doubles its retransmission timer
+                # (RFC 6298 5.5), until a response brings a fresh one. Otherwise every
+                # attempt is abandoned at the old p99 while the deadline would allow it
+                # to finish, and nothing ever answers with a newer hint. Concurrent
+                # attempts cut at the same hint double it once, not once each.
+                state.timeout_hint_s = max(state.timeout_hint_s or 0.0, 2.0 * call.hint_s)
 
     # -- tenacity callables: retry_state.args is (call, request) --------------------
 

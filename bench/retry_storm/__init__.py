@@ -1,0 +1,1 @@
+"""bench.retry_storm: see __main__.py (python -m bench.retry_storm --help)."""
