@@ -206,7 +206,7 @@ class AdmissionController:
             self.capacity.limits[i].on_sample(now, rtt_ms or 0.0, inflight, True)
         elif outcome is Outcome.SUCCESS and rtt_ms is not None:
             per = (
-                latency_tokens(t, observed, self.models.fill(t.cost.route))
+                latency_tokens(t, observed, self.models.fill(t.cost.route, t.cost.output_tokens))
                 if self._per_token
                 else 1
             )
