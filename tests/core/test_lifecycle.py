@@ -191,10 +191,12 @@ def test_lifecycle_invariants_over_any_observation_order(obs):
         if kind == "health":
             ok, ident = arg
             out = lc.health(now, ok, ident)
-            if ok and ident is not None and identity is not None and ident != identity:
+            if ident is not None and identity is not None and ident != identity:
+                # A new identity is a restart, in a failing answer too.
                 assert out[0].event is Event.RESTARTED and out[0].after is State.COLD
-                assert lc.state is State.PROBING  # and the same check starts a new warm-up
-            if ok and ident is not None:
+                if ok:
+                    assert lc.state is State.PROBING  # and the same check starts a new warm-up
+            if ident is not None:
                 identity = ident
         elif kind == "request":
             out = lc.request_result(now, arg)
