@@ -28,6 +28,10 @@ LATENCY_BUCKETS = (
 )
 
 
+class SCRAPE_TIME:  # noqa: N801 - a marker kind, not a metric class
+    """Kind of a metric computed by a custom collector at scrape time (declared here all the same)."""
+
+
 @dataclass(frozen=True)
 class Spec:
     name: str  # without prefix; counters end in _total
@@ -55,6 +59,7 @@ SPECS: list[Spec] = [
     Spec("upstream_connections", Gauge, "Open pooled connections per upstream.", ("upstream",)),
     Spec("upstream_cooldowns_total", Counter, "Times an upstream was set aside after refusing connections.", ("upstream",)),
     Spec("client_disconnects_total", Counter, "Requests whose client went away before the response ended."),
+    Spec("latency_quantile_seconds", SCRAPE_TIME, "Windowed latency quantiles (latency.window_s) by kind (service, queue, end_to_end), route and cost bucket; proxy/runtime/observe.py.", ("kind", "route", "bucket", "quantile")),
     Spec("rejections_total", Counter, "Answers the sidecar made itself, by reason (see x-rampmeter-reason).", ("reason",)),
     # --- policy ---
     Spec("policy_reloads_total", Counter, "Policy reload attempts, by result (ok, error).", ("result",)),
@@ -108,6 +113,8 @@ class Metrics:
             kwargs: dict[str, Any] = {"registry": self.registry}
             if spec.buckets is not None:
                 kwargs["buckets"] = spec.buckets
+            if spec.kind is SCRAPE_TIME:
+                continue  # its owner registers a collector that computes it at scrape time
             metric = spec.kind(PREFIX + spec.name, spec.help, spec.labels, **kwargs)
             setattr(self, spec.attr, metric)
 

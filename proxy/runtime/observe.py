@@ -23,8 +23,10 @@ from proxy.core import deadline as dl
 from proxy.core.arrival import service_key
 from proxy.core.decisions import Ticket
 from proxy.policy import shedding as shedding_policy
+from proxy.runtime.metrics import PREFIX, SPECS
 
 QUANTILES = (0.5, 0.9, 0.99)
+_SPEC = next(spec for spec in SPECS if spec.name == "latency_quantile_seconds")
 KINDS = ("service", "queue", "end_to_end")
 
 
@@ -87,11 +89,7 @@ class _QuantileCollector:
             now = trio.current_time()
         except RuntimeError:  # scraped from outside trio (tests): nothing to report
             return
-        gauge = GaugeMetricFamily(
-            "rampmeter_latency_quantile_seconds",
-            "Windowed latency quantiles (latency.window_s) by kind, route and cost bucket.",
-            labels=["kind", "route", "bucket", "quantile"],
-        )
+        gauge = GaugeMetricFamily(PREFIX + _SPEC.name, _SPEC.help, labels=list(_SPEC.labels))
         for kind, family in self._obs.families.items():
             for key in family.keys():
                 tracker = family.tracker(key)
