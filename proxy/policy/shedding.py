@@ -27,6 +27,7 @@ from proxy.policy.base import Section
 
 Rule = Literal["queue_length", "gpu_memory", "saturation", "codel"]
 ALL_RULES: tuple[Rule, ...] = ("queue_length", "gpu_memory", "saturation", "codel")
+DEFAULT_RULES: tuple[Rule, ...] = ("queue_length", "gpu_memory", "codel")
 
 
 class Shedding(Section):
@@ -34,8 +35,8 @@ class Shedding(Section):
 
     rules: Annotated[
         list[Rule],
-        Meta(description="Rules in force, evaluated in the fixed order queue_length, gpu_memory, saturation, codel; [] turns shedding off."),
-    ] = field(default_factory=lambda: list(ALL_RULES))
+        Meta(description="Rules in force, evaluated in the fixed order queue_length, gpu_memory, saturation, codel; [] turns shedding off. saturation is off by default: its rates cannot tell a burst (or the slow-start ramp) from overload, and it shed 96% of a 100-request burst on a fresh sidecar; the deadline check and codel catch real overload."),
+    ] = field(default_factory=lambda: list(DEFAULT_RULES))
     class_step_pct: Annotated[
         float, Meta(ge=0, le=90, description="Each class below the top gets this much less of every threshold (class rank r gets (1 - pct/100)^r of it).")
     ] = 25.0

@@ -92,9 +92,9 @@ class Readiness(Section):
 class SlowStart(Section):
     """Ramp of the admission limit after warm-up: limit x max(min_weight, (t/window)^(1/aggression))."""
 
-    window_s: Annotated[float, Meta(ge=0, le=3600, description="Length of the ramp; 0 turns slow start off.")] = 30.0
+    window_s: Annotated[float, Meta(ge=0, le=3600, description="Length of the ramp; 0 turns slow start off.")] = 10.0
     aggression: Annotated[float, Meta(gt=0, le=100, description="1: linear; > 1 opens faster early; < 1 holds back longer (as Envoy).")] = 1.0
-    min_weight: Annotated[float, Meta(gt=0, le=1, description="Smallest fraction of the limit allowed during the ramp.")] = 0.1
+    min_weight: Annotated[float, Meta(gt=0, le=1, description="Smallest fraction of the limit allowed during the ramp. Higher than Envoy's 0.1: with one upstream there is no other host to take the traffic, so a low start only queues it (warm-up probes already warmed the model).")] = 0.5
 
 
 class Gpu(Section):

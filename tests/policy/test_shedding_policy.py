@@ -25,7 +25,7 @@ def errors_of(text: str) -> list[str]:
 def test_defaults():
     policy = parse_policy("")
     assert policy.shedding == sp.Shedding()
-    assert policy.shedding.rules == list(sp.ALL_RULES)
+    assert policy.shedding.rules == ["queue_length", "gpu_memory", "codel"]  # saturation is opt-in
     assert policy.tenants.enabled is False
     assert policy.latency.timeout_hint_factor == 2.5
 

@@ -11,7 +11,7 @@ from proxy.policy.load import parse_policy
 def test_defaults_are_a_valid_policy():
     p = parse_policy("")
     assert p.warmup.probes == [] and p.warmup.identity_keys == ["instance_id", "started_at"]
-    assert p.readiness.before_warm == "reject" and p.slow_start.window_s == 30.0 and p.gpu.enabled
+    assert p.readiness.before_warm == "reject" and p.slow_start.window_s == 10.0 and p.gpu.enabled
 
 
 def test_probes_parse():
