@@ -176,6 +176,16 @@ class BufferedBody:
                 await self._lot.park()
 
     async def read_all(self) -> bytes:
+        if self.complete and not self.started and self._error is None:
+            # The whole body is here already (always so for a GET): skip the async generator.
+            self.started = True
+            await self._first_read()
+            parts = self._parts
+            for data, flow_len in parts:
+                self._consumed(len(data), flow_len)
+            whole = parts[0][0] if len(parts) == 1 else b"".join(data for data, _ in parts)
+            parts.clear()
+            return whole
         parts = [chunk async for chunk in self.chunks()]
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
@@ -204,9 +214,13 @@ async def run_exchange(
     handler: Handler,
     request: Request,
     sink: Sink,
-    scope: trio.CancelScope,
+    scope: trio.CancelScope | None,
 ) -> None:
-    """Run `handler` in `scope` (which the reader cancels when the client goes) and finish the answer."""
+    """Run `handler` in `scope` (which the reader cancels when the client goes) and finish the answer.
+
+    `scope=None`: the caller's own task scope plays that part (h1: one per connection), and
+    a cancellation propagates from here after the bookkeeping.
+    """
     ctx.requests_in_flight += 1
     try:
         problem = await _call_handler(handler, request, sink, scope, ctx)
@@ -219,12 +233,15 @@ async def run_exchange(
 
 
 async def _call_handler(
-    handler: Handler, request: Request, sink: Sink, scope: trio.CancelScope, ctx: ServerContext
+    handler: Handler, request: Request, sink: Sink, scope: trio.CancelScope | None, ctx: ServerContext
 ) -> tuple[int, str] | None:
     """Run the handler; return (status, message) when the server must answer for it."""
     try:
-        with scope:
+        if scope is None:
             await handler(request, sink)
+        else:
+            with scope:
+                await handler(request, sink)
     except BodyTooLarge as exc:
         return 413, f"request body larger than {exc.limit} bytes"
     except ClientGone:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import h11
 
+from proxy.http import h11events
 from proxy.http.exchange import BufferedBody
 from proxy.http.messages import Headers, header_value
 
@@ -65,18 +66,16 @@ class H1Sink:
     async def respond(self, status: int, headers: Headers, body: bytes = b"") -> None:
         conn = self._owner.h11
         headers = self._head(status, headers, len(body))
-        data = conn.send(
-            h11.Response(status_code=status, headers=headers, reason=reason_phrase(status))
-        )
+        data = conn.send(h11events.response(status, headers, reason_phrase(status)))
         if body and not self._head_request and status not in NO_BODY_STATUS:
             data += conn.send(h11.Data(data=body))
-        data += conn.send(h11.EndOfMessage())
+        data += conn.send(h11events.END)
         self.finished = True  # before the write: a client that reads it and hangs up is not "gone"
         await self._owner.send(data)
 
     async def start(self, status: int, headers: Headers) -> None:
         headers = self._head(status, headers, None)
-        response = h11.Response(status_code=status, headers=headers, reason=reason_phrase(status))
+        response = h11events.response(status, headers, reason_phrase(status))
         await self._owner.send(self._owner.h11.send(response))
 
     async def send(self, data: bytes) -> None:
@@ -89,7 +88,7 @@ class H1Sink:
         if not self.headers_sent or self.finished:
             raise RuntimeError("end() outside a started response")
         self.finished = True
-        await self._owner.send(self._owner.h11.send(h11.EndOfMessage()))
+        await self._owner.send(self._owner.h11.send(h11events.END))
 
     def abort(self) -> None:
         self._owner.broken = True

@@ -10,8 +10,11 @@ Theory of operation: three kinds of task per connection.
 - One task per stream runs its exchange (`h2stream.H2Stream.run`).
 - The writer is the only task that sends: whoever changed h2's state calls
   `kick()`, which moves h2's pending output into the writer's queue; the writer
-  sends everything queued meanwhile in one `send_all` (coalescing the answers of
-  many streams) and `flush()` waits for that.
+  sends everything queued meanwhile in one write (coalescing the answers of many
+  streams; measured: with many streams answered at once, one write per answer
+  straight from `kick()` cost 14% more CPU per request than this task switch)
+  and `flush()` waits for that. The write itself skips trio's post-send yield
+  (sockio).
 
 Timeouts apply to the reader: header_timeout_s from accept until the first
 request head, then idle_timeout_s whenever no stream is open; either ends the
@@ -43,6 +46,7 @@ from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 
 from proxy.errors import ClientGone
+from proxy.http import sockio
 from proxy.http.exchange import ServerContext
 from proxy.http.h2stream import H2Stream, build_request
 
@@ -94,6 +98,7 @@ class H2Connection:
         self.streams: dict[int, H2Stream] = {}
         self.requests = 0
         self._stream = stream
+        self._io = sockio.wrap(stream)
         self._client = client
         self._deadline = accepted_at + limits.header_timeout_s  # see _read
         self._reader_scope = trio.CancelScope()  # cancelled by _stop()
@@ -183,7 +188,9 @@ class H2Connection:
                 self._dispatch(events)
                 self.kick()
             try:
-                data = await self._stream.receive_some(RECEIVE_SIZE)
+                # A full read suggests more is waiting (an upload): read at once. Otherwise
+                # the client has said what it had to say for now: wait, then read once.
+                data = await self._io.receive(RECEIVE_SIZE, len(data) < RECEIVE_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return True
             if not data:
@@ -317,7 +324,7 @@ class H2Connection:
             chunks, seq = self._out, self._queued_seq
             self._out, self._out_bytes = [], 0
             try:
-                await self._stream.send_all(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+                await self._io.send_all(chunks[0] if len(chunks) == 1 else b"".join(chunks))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._abandon_streams()
                 assert self._nursery is not None

@@ -16,6 +16,8 @@ Invariants:
   can fail the very first send). Sends are counted by hand (os.write, then
   `socket.send`) because `SocketStream.send_all` does not say how much went.
 - head and a small body leave in one send (one segment, one syscall).
+- reads go through `sockio`: after a request is sent the response cannot be
+  there yet, so the first read waits for readability and then reads once.
 - `is_stale()` is true when an idle connection is readable: the upstream closed
   it (EOF/RST) or sent bytes nobody asked for; either way it must not be reused.
 
@@ -27,6 +29,7 @@ trio without anyio; this file is the thin part of that we need.
 from __future__ import annotations
 
 import os
+import select
 from collections.abc import AsyncIterable
 from typing import Any, Self
 
@@ -34,6 +37,7 @@ import h11
 import trio
 
 from proxy.errors import ProtocolError, UpstreamConnectError, UpstreamProtocolError
+from proxy.http import h11events, sockio
 from proxy.http.messages import Headers
 
 RECV_BYTES = 65_536
@@ -72,10 +76,14 @@ def framed(method: bytes, headers: Headers, body: Any) -> Headers:
 
 
 class H1Connection:
-    __slots__ = ("_h11", "_sent_any", "_sock", "closed", "idle_since", "label", "requests")
+    __slots__ = ("_h11", "_poll", "_sent_any", "_sock", "closed", "idle_since", "label", "requests")
 
     def __init__(self, sock: trio.socket.SocketType, label: str) -> None:
         self._sock = sock
+        # is_stale() asks this poll object, registered once: trio's is_readable() builds a
+        # new one per call. It holds only the descriptor number, and is asked only while open.
+        self._poll = select.poll()
+        self._poll.register(sock.fileno(), select.POLLIN)
         self._h11 = h11.Connection(h11.CLIENT)
         self.label = label
         self.idle_since = 0.0  # trio.current_time() when it last went idle (the pool sets it)
@@ -95,7 +103,7 @@ class H1Connection:
 
     def is_stale(self) -> bool:
         """True if this idle connection must not carry another request."""
-        return self.closed or self._h11.our_state is not h11.IDLE or self._sock.is_readable()
+        return self.closed or self._h11.our_state is not h11.IDLE or bool(self._poll.poll(0))
 
     def close(self) -> None:
         """Close now (synchronous, so it is safe on cancellation paths)."""
@@ -110,27 +118,29 @@ class H1Connection:
         self._sent_any = False
         self.requests += 1
         try:
-            head = h.send(h11.Request(method=method, target=target, headers=framed(method, headers, body)))
+            head = h.send(h11events.request(method, target, framed(method, headers, body)))
             if isinstance(body, _BYTES_LIKE):
                 if len(body) <= SMALL_BODY_BYTES:
                     if body:
                         head += h.send(h11.Data(data=body))
-                    await self._write(head + h.send(h11.EndOfMessage()))
+                    await self._write(head + h.send(h11events.END))
                 else:
                     await self._write(head)
                     for piece in h.send_with_data_passthrough(h11.Data(data=body)) or ():
                         await self._write(piece)
-                    h.send(h11.EndOfMessage())  # content-length framing: nothing more to write
+                    h.send(h11events.END)  # content-length framing: nothing more to write
             else:
                 await self._write(head)
                 async for chunk in body:
                     if chunk:
                         await self._write(h.send(h11.Data(data=chunk)))
-                await self._write(h.send(h11.EndOfMessage()))
+                await self._write(h.send(h11events.END))
         except h11.LocalProtocolError as exc:
             raise ProtocolError(f"upstream {self.label}: cannot send request: {exc}") from exc
+        wait_first = True  # the answer cannot be here yet: wait for it, then read once
         while True:
-            event = await self._next_event()
+            event = await self._next_event(wait_first)
+            wait_first = False
             if type(event) is h11.Response:
                 return H1Response(self, event)
             if type(event) is not h11.InformationalResponse:  # 1xx are skipped
@@ -160,7 +170,7 @@ class H1Connection:
             if sent:
                 self._sent_any = True
 
-    async def _next_event(self) -> Any:
+    async def _next_event(self, wait_first: bool = False) -> Any:
         h = self._h11
         while True:
             try:
@@ -170,9 +180,10 @@ class H1Connection:
             if event is not h11.NEED_DATA:
                 return event
             try:
-                data = await self._sock.recv(RECV_BYTES)
-            except OSError as exc:
+                data = await sockio.receive(self._sock, RECV_BYTES, wait_first)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 raise UpstreamProtocolError(f"upstream {self.label}: receive failed: {exc}", upstream=self.label, request_sent=True) from exc
+            wait_first = False
             h.receive_data(data)  # b"" records EOF; h11 decides what it means
 
     def finish_cycle(self) -> bool:
@@ -200,7 +211,7 @@ class H1Response:
 
     def __init__(self, connection: H1Connection, event: h11.Response) -> None:
         self.status: int = event.status_code
-        self.headers: Headers = [(k, v) for k, v in event.headers]  # h11 names are lower-case
+        self.headers: Headers = h11events.header_list(event.headers)  # lower-case names
         self.http_version = event.http_version.decode("ascii")
         self.connection = connection
         self.complete = False

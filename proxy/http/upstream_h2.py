@@ -49,6 +49,7 @@ from h2.connection import ConnectionInputs, ConnectionState
 from h2.errors import ErrorCodes
 
 from proxy.errors import ProtocolError, UpstreamConnectError, UpstreamProtocolError
+from proxy.http import sockio
 from proxy.http.forward import h2_request_headers
 from proxy.http.messages import Headers
 
@@ -340,7 +341,7 @@ class H2Connection:
                 self._queued = 0
                 if data:
                     self._writing = True
-                    await self._stream.send_all(data)
+                    await sockio.send_all(self._stream.socket, data)
                     self._writing = False
                 flushed, self._flushed = self._flushed, trio.Event()
                 flushed.set()
@@ -350,9 +351,11 @@ class H2Connection:
     async def _read_loop(self) -> None:
         h = self._h2
         dispatch = self._DISPATCH
+        data = b""
         try:
             while True:
-                data = await self._stream.receive_some(RECV_BYTES)
+                # After a short read the peer has nothing more for now: wait, then read once.
+                data = await sockio.receive(self._stream.socket, RECV_BYTES, len(data) < RECV_BYTES)
                 if not data:
                     self._fail("closed the connection")
                     return

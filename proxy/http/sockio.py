@@ -1,0 +1,149 @@
+"""Socket reads and writes for the data path: trio's semantics, without its per-call overheads.
+
+Theory of operation: trio's `SocketStream.send_all` / `receive_some` try the
+system call first and, when it succeeds at once, yield to the scheduler anyway
+(`cancel_shielded_checkpoint`, so every call is a scheduling point); when it
+would block they catch BlockingIOError and wait. On a proxy that is a full
+scheduler pass per response written, plus an exception, an async context
+manager and a spare system call per read that has to wait. Here:
+
+- `send_all` writes with one non-blocking `os.write`; the kernel nearly always
+  takes a response whole. Only a remainder waits (`wait_writable`), as trio would.
+- `receive(sock, n, wait_first)`: a caller that knows nothing can be there yet
+  (the peer is waiting for our answer, or for its next request) waits for
+  readability first and then reads once; a caller in the middle of a message
+  reads first and waits only if nothing was there.
+
+Both still honour cancellation on entry (`checkpoint_if_cancelled`), every wait
+is a trio checkpoint (so deadlines and cancellation work as before), and a
+fairness budget forces a real yield after FAIR_STREAK operations in a row that
+completed without waiting, so a connection that always has data ready (a fast
+upstream streaming a large body to a fast client) cannot starve the others.
+
+`wrap(stream)` gives a connection one object with both operations: these fast
+paths for a `trio.SocketStream`, the stream's own methods for any other stream
+(the in-memory streams of the tests).
+
+Errors are trio's: a closed socket raises trio.ClosedResourceError, any other
+OSError trio.BrokenResourceError (as `SocketStream` translates them). Callers
+pass trio socket objects (`SocketStream.socket`); the descriptor is read at each
+call, never cached, so a socket closed by another task is never confused with a
+reused descriptor. Only one task may read, and one write, a socket at a time
+(trio raises BusyResourceError for two waiters, as before).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import trio
+
+FAIR_STREAK = 16
+_CLOSED_ERRNOS = frozenset({errno.EBADF, errno.ENOTSOCK})
+_streak = 0  # operations completed without a scheduling point since the last one
+
+
+def _translate(exc: OSError) -> trio.BrokenResourceError | trio.ClosedResourceError:
+    if exc.errno in _CLOSED_ERRNOS:
+        return trio.ClosedResourceError("this socket was already closed")
+    return trio.BrokenResourceError(f"socket connection broken: {exc}")
+
+
+def _check_open(sock: trio.socket.SocketType) -> None:
+    if sock.fileno() < 0:  # closed by us: trio's wait functions want a real descriptor
+        raise trio.ClosedResourceError("this socket was already closed")
+
+
+async def _done_without_waiting() -> None:
+    global _streak
+    _streak += 1
+    if _streak >= FAIR_STREAK:
+        _streak = 0
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+
+async def send_all(sock: trio.socket.SocketType, data: bytes | bytearray | memoryview) -> None:
+    """Write all of `data`: at once if the kernel takes it, else waiting for room."""
+    global _streak
+    await trio.lowlevel.checkpoint_if_cancelled()
+    try:
+        sent = os.write(sock.fileno(), data)
+    except BlockingIOError:
+        sent = 0
+    except OSError as exc:
+        raise _translate(exc) from exc
+    if sent == len(data):
+        await _done_without_waiting()
+        return
+    view = memoryview(data)
+    while sent < len(view):
+        _check_open(sock)
+        try:
+            await trio.lowlevel.wait_writable(sock)  # a checkpoint; ClosedResourceError if closed meanwhile
+            sent += os.write(sock.fileno(), view[sent:])
+        except BlockingIOError:
+            continue
+        except OSError as exc:
+            raise _translate(exc) from exc
+    _streak = 0
+
+
+async def receive(sock: trio.socket.SocketType, max_bytes: int, wait_first: bool) -> bytes:
+    """Up to `max_bytes` bytes; b"" at EOF. See the module doc for `wait_first`."""
+    global _streak
+    if not wait_first:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            data = os.read(sock.fileno(), max_bytes)
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            raise _translate(exc) from exc
+        else:
+            await _done_without_waiting()
+            return data
+    while True:
+        _check_open(sock)
+        try:
+            await trio.lowlevel.wait_readable(sock)  # a checkpoint; ClosedResourceError if closed meanwhile
+            _streak = 0
+            return os.read(sock.fileno(), max_bytes)
+        except BlockingIOError:
+            continue
+        except OSError as exc:
+            raise _translate(exc) from exc
+
+
+class SocketIO:
+    """The fast paths above, for one `trio.SocketStream`."""
+
+    __slots__ = ("sock",)
+
+    def __init__(self, sock: trio.socket.SocketType) -> None:
+        self.sock = sock
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await send_all(self.sock, data)
+
+    async def receive(self, max_bytes: int, wait_first: bool) -> bytes:
+        return await receive(self.sock, max_bytes, wait_first)
+
+
+class StreamIO:
+    """Any other trio stream, through its own methods."""
+
+    __slots__ = ("stream",)
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.stream.send_all(data)
+
+    async def receive(self, max_bytes: int, wait_first: bool) -> bytes:
+        return await self.stream.receive_some(max_bytes)
+
+
+def wrap(stream: trio.abc.Stream) -> SocketIO | StreamIO:
+    return SocketIO(stream.socket) if isinstance(stream, trio.SocketStream) else StreamIO(stream)

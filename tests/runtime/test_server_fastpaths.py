@@ -1,0 +1,163 @@
+"""The data path's fast paths keep the semantics of what they replace.
+
+h11events: accepts exactly what h11's validating constructors accept, and leaves
+the errors to h11. sockio: trio's error types, cancellation on entry, waiting
+when nothing is there, and a forced yield after a streak of instant operations.
+"""
+
+from __future__ import annotations
+
+import h11
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.http import h11events, sockio
+
+# Bytes that matter to h11's header grammar: token characters, separators, spaces,
+# controls (NUL, CR, LF, others) and obs-text.
+_ALPHABET = b"aZ09-_.!~ :;,\t\r\n\x00\x01\x7f\x80\xff"
+_field = st.binary(max_size=6).map(lambda b: bytes(_ALPHABET[x % len(_ALPHABET)] for x in b))
+
+
+def _h11_accepts(headers: list[tuple[bytes, bytes]]) -> bool:
+    try:
+        h11.Response(status_code=200, headers=headers, reason=b"OK")
+    except h11.LocalProtocolError:
+        return False
+    return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_field, _field), max_size=4))
+def test_headers_ok_agrees_with_h11_validation(headers):
+    expected = _h11_accepts(headers)
+    assert h11events.headers_ok(headers) is expected
+    assert h11events.headers_ok(headers) is expected  # second time through the cache of accepted pairs
+
+
+def test_a_rejected_header_gets_h11s_own_error():
+    with pytest.raises(h11.LocalProtocolError, match="Illegal header value"):
+        h11events.response(200, [(b"x-a", b"b\r\nset-cookie: evil")], b"OK")
+    # What h11 converts (str), it still converts: the fallback is h11's own constructor.
+    event = h11events.request(b"GET", b"/", [(b"host", b"x"), ("X-Str", "text")])
+    assert list(event.headers) == [(b"host", b"x"), (b"x-str", b"text")]
+
+
+def test_accepted_events_are_what_h11_would_build():
+    headers = [(b"Content-Type", b"text/plain"), (b"via", b"1.1 rampmeter")]
+    fast, slow = h11events.response(200, headers, b"OK"), h11.Response(status_code=200, headers=headers, reason=b"OK")
+    assert list(fast.headers) == list(slow.headers) == [(b"content-type", b"text/plain"), (b"via", b"1.1 rampmeter")]
+    assert (fast.status_code, fast.reason, fast.http_version) == (slow.status_code, slow.reason, slow.http_version)
+    with pytest.raises(h11.LocalProtocolError, match="Host"):
+        h11events.request(b"GET", b"/", [(b"accept", b"*/*")])  # h11's framing checks still run
+
+
+def test_header_list_matches_h11s_own_iteration():
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(b"GET / HTTP/1.1\r\nHost: x\r\nX-Two: a\r\nx-two: b\r\n\r\n")
+    event = conn.next_event()
+    assert h11events.header_list(event.headers) == list(event.headers)
+
+
+async def test_receive_waits_then_reads_and_sees_eof():
+    a, b = trio.socket.socketpair()
+    async with trio.open_nursery() as nursery:
+        got: list[bytes] = []
+
+        async def reader() -> None:
+            got.append(await sockio.receive(b, 100, wait_first=True))
+
+        nursery.start_soon(reader)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []  # nothing there: it waits
+        await sockio.send_all(a, b"hello")
+    assert got == [b"hello"]
+    a.close()
+    assert await sockio.receive(b, 100, wait_first=False) == b""  # EOF
+    b.close()
+
+
+async def test_errors_are_trios():
+    a, b = trio.socket.socketpair()
+    a.close()
+    for op in (lambda: sockio.receive(a, 10, True), lambda: sockio.receive(a, 10, False), lambda: sockio.send_all(a, b"x")):
+        with pytest.raises(trio.ClosedResourceError):
+            await op()
+    b.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_SNDBUF, 4096)
+    with pytest.raises(trio.BrokenResourceError):
+        for _ in range(100):  # the peer is gone: EPIPE / ECONNRESET, sooner or later
+            await sockio.send_all(b, b"x" * 4096)
+    b.close()
+
+
+async def test_another_task_closing_the_socket_wakes_a_waiting_reader():
+    a, b = trio.socket.socketpair()
+    async with trio.open_nursery() as nursery:
+        errors: list[BaseException] = []
+
+        async def reader() -> None:
+            try:
+                await sockio.receive(a, 10, wait_first=True)
+            except trio.ClosedResourceError as exc:
+                errors.append(exc)
+
+        nursery.start_soon(reader)
+        await trio.testing.wait_all_tasks_blocked()
+        a.close()
+    assert len(errors) == 1
+    b.close()
+
+
+async def test_a_send_larger_than_the_socket_buffer_waits_for_the_reader():
+    a, b = trio.socket.socketpair()
+    payload = b"y" * 4_000_000
+    received = bytearray()
+    async with trio.open_nursery() as nursery:
+
+        async def reader() -> None:
+            while len(received) < len(payload):
+                received.extend(await sockio.receive(b, 65_536, wait_first=False))
+
+        nursery.start_soon(reader)
+        await sockio.send_all(a, payload)
+    assert bytes(received) == payload
+    a.close()
+    b.close()
+
+
+async def test_cancellation_is_honoured_on_entry_even_when_data_is_ready(autojump_clock):
+    a, b = trio.socket.socketpair()
+    await sockio.send_all(a, b"ready")
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await sockio.receive(b, 10, wait_first=False)
+    assert scope.cancelled_caught
+    assert await sockio.receive(b, 10, wait_first=False) == b"ready"  # not consumed by the cancelled call
+    with trio.move_on_after(1) as waiting:
+        await sockio.receive(b, 10, wait_first=True)  # nothing there: a cancellable wait
+    assert waiting.cancelled_caught
+    a.close()
+    b.close()
+
+
+async def test_a_streak_of_instant_operations_yields_to_other_tasks():
+    a, b = trio.socket.socketpair()
+    ran = 0
+
+    async def other() -> None:
+        nonlocal ran
+        while True:
+            ran += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)  # runs only when this task yields
+        for _ in range(sockio.FAIR_STREAK * 4):  # every one completes at once
+            await sockio.send_all(a, b"x")
+        assert ran > 0  # the sender let the other task run meanwhile
+        nursery.cancel_scope.cancel()
+    a.close()
+    b.close()
