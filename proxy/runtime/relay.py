@@ -80,13 +80,15 @@ async def forward(
     started = trio.current_time()
     if deadline is not None:
         _restamp_budget(headers, deadline - started)
+    cap = started + timeout_s
     try:
-        with trio.fail_after(timeout_s):
-            async with pool.request(upstream, request.method, request.target, headers, body) as resp:
-                out_headers = fwd.response_headers(resp.headers, resp.http_version)
-                out_headers += extra_headers
-                observed = await _relay(resp, sink, out_headers)
-                status = resp.status
+        if deadline is not None and deadline <= cap:
+            # The caller's deadline scope already ends it first (the usual case: class
+            # budgets are seconds, upstream caps minutes); a second scope costs ~9 us.
+            status, observed = await _exchange(pool, upstream, request, headers, body, sink, extra_headers)
+        else:
+            with trio.fail_at(cap):
+                status, observed = await _exchange(pool, upstream, request, headers, body, sink, extra_headers)
     except UpstreamConnectError as exc:
         message = f"upstream {upstream} unavailable: {exc}"
         return await _answer(sink, Outcome.REFUSED, wire.Reason.UPSTREAM_UNAVAILABLE, message)
@@ -104,6 +106,13 @@ async def forward(
     if status in (429, 503):
         return Forwarded(Outcome.DROPPED, status, service_ms)
     return Forwarded(Outcome.ERROR if status >= 500 else Outcome.SUCCESS, status, service_ms, observed)
+
+
+async def _exchange(pool, upstream, request, headers, body, sink, extra_headers) -> tuple[int, Observed | None]:
+    async with pool.request(upstream, request.method, request.target, headers, body) as resp:
+        out_headers = fwd.response_headers(resp.headers, resp.http_version)
+        out_headers += extra_headers
+        return resp.status, await _relay(resp, sink, out_headers)
 
 
 def _restamp_budget(headers: Headers, remaining_s: float) -> None:
