@@ -47,7 +47,7 @@ def sidecar(
     upstream: str | list[str], *args: str, policy: str | None = None, protocol: str = "http1", ready: bool = True
 ) -> Iterator[Proc]:
     """`rampmeter serve` in front of `upstream`; waits for /readyz unless `ready` is False."""
-    upstreams = [upstream] if isinstance(upstream, str) else upstream
+    upstreams = [upstream] if isinstance(upstream, str) else upstream  # [] : the policy's upstreams
     argv = ["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--upstream-protocol", protocol]
     for url in upstreams:
         argv += ["--upstream", url]
