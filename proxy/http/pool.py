@@ -15,6 +15,10 @@ cancellation (release never awaits):
   `max_connections`; beyond that callers park until a stream ends. A stream the
   peer did not process (REFUSED_STREAM, GOAWAY) is retried once when the body is
   bytes (replayable).
+Exchanges are full duplex: a request body over 64 KiB, or streamed, is sent by a
+task in the pool's nursery while the caller reads the response (an upstream that
+echoes as it reads cannot deadlock us); the connection modules own that task and
+stop it when the response is released. Small bodies cost no task.
 One reaper task closes connections idle for `idle_timeout_s`, sleeping until
 exactly the earliest expiry (autojump-clock exact). Metrics children are bound
 once per upstream at construction.
@@ -203,7 +207,8 @@ class _H1Upstream(_Upstream):
         return None
 
     async def _connect(self) -> H1Connection:
-        conn = await self._connect_timed(lambda: H1Connection.open(self.host, self.port, label=self.hostport))
+        conn = await self._connect_timed(lambda: H1Connection.open(
+            self.host, self.port, label=self.hostport, nursery=self.pool.nursery))
         self.open += 1
         self.connections.inc()
         return conn

@@ -6,15 +6,35 @@ the response head has arrived; the caller pulls body chunks with `receive()` as
 they arrive and then `aclose()`s it. A connection whose exchange ended cleanly on
 both sides is reset with h11's `start_next_cycle()` and can carry the next
 request; anything else (body not read to the end, `connection: close`, bytes
-after the response, an error, a cancellation) closes it. There are no tasks: the
-caller's task does every read and write, so a request costs no spawns.
+after the response, an error, a cancellation) closes it. The caller's task does
+every read and write of the common request (a body of at most SMALL_BODY_BYTES,
+sent with the head), so it costs no spawns.
+
+Full duplex: a larger or streamed body is sent by a task in the nursery given to
+`open()` (the pool's) while the caller waits for the head and reads the body.
+An upstream that answers as it reads (an echo, a transcoder) stops reading once
+its own writes block, so sending the whole body before reading would deadlock
+both sides until the deadline. The head is still written by the caller (a stale
+socket fails there with request_sent=False, so the pool's retry still works);
+the sender task then writes the body. Its lifetime is inside the exchange's:
+`close()` cancels it, and a connection whose sender has not finished is never
+reused, so an early answer (413 before the body was read) simply ends the
+exchange and closes the connection. A sender that fails other than on the
+socket (the body iterator raised, a content-length mismatch) closes the socket,
+which wakes the reader; the reader then raises that error rather than its own.
+Send failures on the socket (the upstream closed) are left to the reader, which
+may still find a complete early answer in the receive buffer. Without a nursery
+(standalone use) the body is sent before reading, as HTTP/1.1 clients commonly do.
 
 Invariants:
 - a connection carries at most one request at a time (h11 enforces it).
 - `request_sent` on a raised `UpstreamError` is False only when no byte of this
   request was accepted by the kernel; the pool retries only then (a stale socket
   can fail the very first send). Sends are counted by hand (os.write, then
-  `socket.send`) because `SocketStream.send_all` does not say how much went.
+  `wait_writable`) because `SocketStream.send_all` does not say how much went.
+- a connection is reused only when both sides are DONE and no sender task runs;
+  the sender's last write and its h11 END happen in one step (no checkpoint
+  between), so a response that ends right after our last byte keeps the connection.
 - head and a small body leave in one send (one segment, one syscall).
 - reads go through `sockio`: after a request is sent the response cannot be
   there yet, so the first read waits for readability and then reads once.
@@ -36,12 +56,13 @@ from typing import Any, Self
 import h11
 import trio
 
-from proxy.errors import ProtocolError, UpstreamConnectError, UpstreamProtocolError
+from proxy.errors import ProtocolError, UpstreamConnectError, UpstreamError, UpstreamProtocolError
 from proxy.http import h11events, sockio
 from proxy.http.messages import Headers
 
 RECV_BYTES = 65_536
-# Bodies up to this many bytes are copied behind the head and sent with it.
+# Bodies up to this many bytes are copied behind the head and sent with it; larger
+# or streamed ones go through a sender task (full duplex, module doc).
 SMALL_BODY_BYTES = 65_536
 _BODY_METHODS = frozenset({b"POST", b"PUT", b"PATCH"})
 _BYTES_LIKE = (bytes, bytearray, memoryview)
@@ -76,10 +97,14 @@ def framed(method: bytes, headers: Headers, body: Any) -> Headers:
 
 
 class H1Connection:
-    __slots__ = ("_h11", "_poll", "_sent_any", "_sock", "closed", "idle_since", "label", "requests")
+    __slots__ = ("_h11", "_nursery", "_poll", "_send_error", "_sender", "_sent_any", "_sock",
+                 "closed", "idle_since", "label", "requests")
 
-    def __init__(self, sock: trio.socket.SocketType, label: str) -> None:
+    def __init__(self, sock: trio.socket.SocketType, label: str, nursery: trio.Nursery | None = None) -> None:
         self._sock = sock
+        self._nursery = nursery  # where body senders run; None: send bodies before reading
+        self._sender: trio.CancelScope | None = None  # the running body sender's scope
+        self._send_error: BaseException | None = None  # why the last sender stopped early
         # is_stale() asks this poll object, registered once: trio's is_readable() builds a
         # new one per call. It holds only the descriptor number, and is asked only while open.
         self._poll = select.poll()
@@ -92,14 +117,18 @@ class H1Connection:
         self._sent_any = False
 
     @classmethod
-    async def open(cls, host: str, port: int, *, label: str = "") -> H1Connection:
-        """Connect; bounded by the caller's cancel scope. Raises UpstreamConnectError."""
+    async def open(cls, host: str, port: int, *, label: str = "", nursery: trio.Nursery | None = None) -> H1Connection:
+        """Connect; bounded by the caller's cancel scope. Raises UpstreamConnectError.
+
+        With `nursery`, large and streamed request bodies are sent while the
+        response is read (full duplex, module doc).
+        """
         label = label or f"{host}:{port}"
         try:
             stream = await trio.open_tcp_stream(host, port)
         except OSError as exc:
             raise UpstreamConnectError(f"upstream {label}: connect failed: {exc}", upstream=label) from exc
-        return cls(stream.socket, label)
+        return cls(stream.socket, label, nursery)
 
     def is_stale(self) -> bool:
         """True if this idle connection must not carry another request."""
@@ -109,32 +138,32 @@ class H1Connection:
         """Close now (synchronous, so it is safe on cancellation paths)."""
         if not self.closed:
             self.closed = True
-            self._sock.close()
+            if self._sender is not None:
+                self._sender.cancel()
+            self._sock.close()  # wakes a task waiting on the socket (ClosedResourceError)
 
     async def send_request(self, method: bytes, target: bytes, headers: Headers, body: Body = b"") -> H1Response:
-        """Write the request, wait for the response head. The body is pulled with `receive()`."""
+        """Write the request, wait for the response head. The body is pulled with `receive()`.
+
+        A body over SMALL_BODY_BYTES, or streamed, is still being sent when this
+        returns if the connection has a nursery (full duplex, module doc).
+        """
         await trio.lowlevel.checkpoint_if_cancelled()  # the writes below do not checkpoint
         h = self._h11
         self._sent_any = False
         self.requests += 1
         try:
             head = h.send(h11events.request(method, target, framed(method, headers, body)))
-            if isinstance(body, _BYTES_LIKE):
-                if len(body) <= SMALL_BODY_BYTES:
-                    if body:
-                        head += h.send(h11.Data(data=body))
-                    await self._write(head + h.send(h11events.END))
-                else:
-                    await self._write(head)
-                    for piece in h.send_with_data_passthrough(h11.Data(data=body)) or ():
-                        await self._write(piece)
-                    h.send(h11events.END)  # content-length framing: nothing more to write
+            if isinstance(body, _BYTES_LIKE) and len(body) <= SMALL_BODY_BYTES:
+                if body:
+                    head += h.send(h11.Data(data=body))
+                await self._write(head + h.send(h11events.END))
             else:
                 await self._write(head)
-                async for chunk in body:
-                    if chunk:
-                        await self._write(h.send(h11.Data(data=chunk)))
-                await self._write(h.send(h11events.END))
+                if self._nursery is None:
+                    await self._send_body(body)
+                else:
+                    self._start_sender(body)
         except h11.LocalProtocolError as exc:
             raise ProtocolError(f"upstream {self.label}: cannot send request: {exc}") from exc
         wait_first = True  # the answer cannot be here yet: wait for it, then read once
@@ -144,9 +173,43 @@ class H1Connection:
             if type(event) is h11.Response:
                 return H1Response(self, event)
             if type(event) is not h11.InformationalResponse:  # 1xx are skipped
-                raise UpstreamProtocolError(
+                raise self._send_error or UpstreamProtocolError(
                     f"upstream {self.label} closed the connection before responding", upstream=self.label, request_sent=True
                 )
+
+    async def _send_body(self, body: Body) -> None:
+        """Everything after the head. For bytes, h11's END comes right after the last write (no checkpoint)."""
+        h = self._h11
+        if isinstance(body, _BYTES_LIKE):
+            for piece in h.send_with_data_passthrough(h11.Data(data=body)) or ():
+                await self._write(piece)
+            h.send(h11events.END)  # content-length framing: nothing more to write
+        else:
+            async for chunk in body:
+                if chunk:
+                    await self._write(h.send(h11.Data(data=chunk)))
+            await self._write(h.send(h11events.END))
+
+    def _start_sender(self, body: Body) -> None:
+        assert self._nursery is not None
+        self._sender = scope = trio.CancelScope()
+        self._send_error = None
+        self._nursery.start_soon(self._sender_task, scope, body)
+
+    async def _sender_task(self, scope: trio.CancelScope, body: Body) -> None:
+        """The body, sent while the caller reads the response. Never raises into the nursery."""
+        with scope:
+            try:
+                await self._send_body(body)
+            except UpstreamError as exc:
+                self._send_error = exc  # the socket failed: the reader sees that itself (module doc)
+            except Exception as exc:  # noqa: BLE001 - any failure of the body source becomes the request's error
+                if isinstance(exc, h11.LocalProtocolError):
+                    exc = ProtocolError(f"upstream {self.label}: cannot send request: {exc}")
+                self._send_error = exc
+                self.close()  # the request cannot be completed: wake the reader, abort upstream
+            finally:
+                self._sender = None  # same step as the last write: reuse is decided after it
 
     async def _write(self, data: bytes) -> None:
         sent = 0
@@ -154,15 +217,22 @@ class H1Connection:
             try:
                 # A plain non-blocking write first: the kernel nearly always takes a
                 # request whole, and this skips trio's post-send yield (a scheduler
-                # pass per request). The rest, if any, waits for room through trio.
+                # pass per request). The rest, if any, waits for room; no yield
+                # follows the last write (see the reuse invariant).
                 sent = os.write(self._sock.fileno(), data)
             except BlockingIOError:
                 pass
             if sent < len(data):
                 view = memoryview(data)
                 while sent < len(view):
-                    sent += await self._sock.send(view[sent:])
-        except OSError as exc:
+                    if self.closed:
+                        raise trio.ClosedResourceError("closed while sending")
+                    await trio.lowlevel.wait_writable(self._sock)
+                    try:
+                        sent += os.write(self._sock.fileno(), view[sent:])
+                    except BlockingIOError:
+                        pass
+        except (OSError, trio.ClosedResourceError) as exc:
             raise UpstreamProtocolError(
                 f"upstream {self.label}: send failed: {exc}", upstream=self.label, request_sent=self._sent_any or sent > 0
             ) from exc
@@ -182,6 +252,8 @@ class H1Connection:
             try:
                 data = await sockio.receive(self._sock, RECV_BYTES, wait_first)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                if self._send_error is not None:  # the sender closed it, or the socket broke sending
+                    raise self._send_error from exc
                 raise UpstreamProtocolError(f"upstream {self.label}: receive failed: {exc}", upstream=self.label, request_sent=True) from exc
             wait_first = False
             h.receive_data(data)  # b"" records EOF; h11 decides what it means
@@ -189,18 +261,20 @@ class H1Connection:
     def finish_cycle(self) -> bool:
         """After a complete response: get ready for the next request. False: close instead."""
         h = self._h11
-        if h.our_state is h11.DONE and h.their_state is h11.DONE and not h.trailing_data[0] and not self.closed:
+        if (h.our_state is h11.DONE and h.their_state is h11.DONE and not h.trailing_data[0] and not self.closed
+                and self._sender is None):
             h.start_next_cycle()
             return True
         return False
 
     def statistics(self) -> dict[str, Any]:
-        return {"label": self.label, "requests": self.requests, "closed": self.closed,
+        return {"label": self.label, "requests": self.requests, "closed": self.closed, "sending": self._sender is not None,
                 "our_state": str(self._h11.our_state), "their_state": str(self._h11.their_state)}
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else self._h11.our_state.__name__.lower()
-        return f"<H1Connection {self.label} {state} requests={self.requests}>"
+        sending = " sending" if self._sender is not None else ""
+        return f"<H1Connection {self.label} {state}{sending} requests={self.requests}>"
 
 
 class H1Response:

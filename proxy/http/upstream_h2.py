@@ -14,6 +14,20 @@ under flow control and returns an `H2Response` once the head arrived;
 `receive()` hands back DATA as it came and returns its flow-control credit as it
 is consumed (so a slow consumer slows the upstream, never buffers without bound).
 
+Full duplex: a body larger than SMALL_BODY_BYTES, or streamed, is uploaded by a
+task in the connection's nursery while the caller waits for the head and reads
+the body. Credit stays tied to consumption (memory per stream is bounded by
+STREAM_WINDOW) rather than acknowledging DATA on arrival: an upstream that
+echoes as it reads fills our window, waits for WINDOW_UPDATE and stops reading
+our body, so an upload in the caller's task (nobody consuming) would deadlock;
+with the upload apart the caller consumes, the window reopens and both
+directions flow at the pace of the slower end. A small body is uploaded inline
+(no task): it fits the peer's initial window, or nearly, and a peer cannot echo
+more than it read. The uploader's scope is cancelled by `forget()`; an early
+answer (413 and END_STREAM before our body) ends the exchange as before. An
+error of the uploader (the body iterator raised) becomes the stream's error,
+raised to the caller unless the response had already ended.
+
 Invariants:
 - `_streams` holds exactly the streams a caller still owns; `forget()` removes
   one once, resetting it with CANCEL unless both sides ended, and returns the
@@ -21,6 +35,8 @@ Invariants:
 - bytes leave in the order h2 produced them (HPACK state depends on it): a
   direct write happens only with `_outbox` empty and the writer idle; the
   writer sends `_outbox` before anything h2 still holds.
+- a stream has one reader waiting (head, DATA) and at most one uploader waiting
+  (window, flush); each has its own wake-up, so neither steals the other's.
 - a stream the peer refused (REFUSED_STREAM, or above GOAWAY's last_stream_id)
   fails with request_sent=False: RFC 9113 8.7 says it was not processed.
 
@@ -57,8 +73,11 @@ RECV_BYTES = 65_536
 STREAM_WINDOW = 1 << 20  # per-stream receive window we advertise
 CONNECTION_WINDOW = 16 << 20
 FLUSH_BYTES = 1 << 20  # a body upload waits for the writer past this much queued
+SMALL_BODY_BYTES = 65_536  # bytes bodies up to this are uploaded inline; larger or streamed by a task
 _LAST_STREAM_ID = 2**31 - 2**16  # past this, stop opening streams and drain
 _BYTES_LIKE = (bytes, bytearray, memoryview)
+
+Body = bytes | AsyncIterable[bytes]
 
 _CONFIG = h2.config.H2Configuration(
     client_side=True, header_encoding=None, validate_outbound_headers=False, normalize_outbound_headers=False
@@ -77,7 +96,8 @@ def _noop(conn: H2Connection) -> None:
 
 
 class _Stream:
-    __slots__ = ("_event", "blocked", "chunks", "ended", "error", "headers", "id", "local_done", "reset", "status")
+    __slots__ = ("_event", "_wevent", "blocked", "chunks", "ended", "error", "headers", "id", "local_done", "reset",
+                 "status", "uploader")
 
     def __init__(self, stream_id: int) -> None:
         self.id = stream_id
@@ -87,24 +107,44 @@ class _Stream:
         self.ended = False  # peer sent END_STREAM
         self.local_done = False  # we sent END_STREAM
         self.reset = False  # peer sent RST_STREAM
-        self.error: UpstreamProtocolError | None = None
-        self.blocked = False  # waiting for send window
-        self._event: trio.Event | None = None
+        self.error: BaseException | None = None  # UpstreamProtocolError, or what the uploader raised
+        self.blocked = False  # the uploader waits for send window
+        self.uploader: trio.CancelScope | None = None  # the upload task's scope while it runs
+        self._event: trio.Event | None = None  # the reader's wake-up
+        self._wevent: trio.Event | None = None  # the uploader's wake-up
 
     def wake(self) -> None:
+        """New head or DATA: wake the reader."""
         event = self._event
         if event is not None:
             self._event = None
+            event.set()
+
+    def wake_all(self) -> None:
+        """Ended, reset, failed: wake the reader and the uploader."""
+        self.wake()
+        self.wake_writer()
+
+    def wake_writer(self) -> None:
+        event = self._wevent
+        if event is not None:
+            self._wevent = None
             event.set()
 
     async def wait(self) -> None:
         self._event = event = trio.Event()
         await event.wait()
 
+    async def wait_writer(self) -> None:
+        self._wevent = event = trio.Event()
+        await event.wait()
+
 
 class H2Connection:
-    def __init__(self, stream: trio.SocketStream, label: str, on_change: Callable[[H2Connection], None]) -> None:
+    def __init__(self, stream: trio.SocketStream, label: str, on_change: Callable[[H2Connection], None],
+                 nursery: trio.Nursery) -> None:
         self._stream = stream
+        self._nursery = nursery  # the reader, the writer and body uploaders run here
         self._h2 = h2.connection.H2Connection(config=_CONFIG)
         self._h2.state_machine = _GracefulStateMachine()
         self._streams: dict[int, _Stream] = {}
@@ -134,7 +174,7 @@ class H2Connection:
             stream = await trio.open_tcp_stream(host, port)
         except OSError as exc:
             raise UpstreamConnectError(f"upstream {label}: connect failed: {exc}", upstream=label) from exc
-        conn = cls(stream, label, on_change)
+        conn = cls(stream, label, on_change, nursery)
         h = conn._h2
         h.local_settings = h2.settings.Settings(client=True, initial_values={
             h2.settings.SettingCodes.ENABLE_PUSH: 0, h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW})
@@ -185,7 +225,7 @@ class H2Connection:
             if not s.ended and s.error is None:
                 s.error = UpstreamProtocolError(
                     f"upstream {self.label}: connection lost ({self.error or 'closed'})", upstream=self.label, request_sent=True)
-            s.wake()
+            s.wake_all()
         self._ready.set()
         self._flushed.set()
         self._wake.set()  # lets the writer task see `closed` and end
@@ -248,17 +288,11 @@ class H2Connection:
         self.goaway = self.goaway or sid >= _LAST_STREAM_ID
         self._flush()
         try:
-            if isinstance(body, _BYTES_LIKE):
-                if body:
-                    await self._upload(s, body, True)
-            else:
-                async for chunk in body:
-                    if chunk:
-                        await self._upload(s, chunk, False)
-                if not s.local_done and not (s.ended or s.reset):
-                    h.end_stream(sid)
-                    s.local_done = True
-                    self._flush()
+            if not isinstance(body, _BYTES_LIKE) or len(body) > SMALL_BODY_BYTES:
+                s.uploader = scope = trio.CancelScope()
+                self._nursery.start_soon(self._upload_task, s, scope, body)
+            elif body:
+                await self._upload(s, body, True)
             while s.status is None:
                 if s.error is not None:
                     raise s.error
@@ -270,6 +304,30 @@ class H2Connection:
             self.forget(s)
             raise
         return H2Response(self, s)
+
+    async def _upload_task(self, s: _Stream, scope: trio.CancelScope, body: Body) -> None:
+        """The body, uploaded while the caller reads the response. Never raises into the nursery."""
+        with scope:
+            try:
+                if isinstance(body, _BYTES_LIKE):
+                    await self._upload(s, body, True)
+                    return
+                async for chunk in body:
+                    if chunk:
+                        await self._upload(s, chunk, False)
+                if not (s.local_done or s.ended or s.reset or self.closed):
+                    self._h2.end_stream(s.id)
+                    s.local_done = True
+                    self._flush()
+            except Exception as exc:  # noqa: BLE001 - any failure of the body source becomes the stream's error
+                if isinstance(exc, h2.exceptions.ProtocolError):
+                    exc = UpstreamProtocolError(f"upstream {self.label}: stream {s.id}: {exc}",
+                                                upstream=self.label, request_sent=True)
+                if s.error is None:
+                    s.error = exc  # the reader raises it unless the response already ended
+                s.wake()
+            finally:
+                s.uploader = None
 
     async def _upload(self, s: _Stream, data: Any, end: bool) -> None:
         """Send `data` as DATA frames as windows allow; stops if the peer already ended or reset."""
@@ -290,8 +348,10 @@ class H2Connection:
                                             upstream=self.label, request_sent=True) from exc
             if size <= 0:
                 s.blocked = True
-                await s.wait()
-                s.blocked = False
+                try:
+                    await s.wait_writer()
+                finally:
+                    s.blocked = False
                 continue
             offset += size
             self._flush()
@@ -310,6 +370,8 @@ class H2Connection:
         """The caller is done with `s`: reset it unless finished, return unread credit. Once per stream."""
         if self._streams.pop(s.id, None) is None:
             return
+        if s.uploader is not None:
+            s.uploader.cancel()
         if not self.closed:
             h = self._h2
             unread = sum(flow for _, flow in s.chunks)
@@ -396,7 +458,7 @@ class H2Connection:
         s = self._streams.get(event.stream_id)
         if s is not None:
             s.ended = True
-            s.wake()
+            s.wake_all()
 
     def _on_reset(self, event: h2.events.StreamReset) -> None:
         s = self._streams.get(event.stream_id)
@@ -408,20 +470,20 @@ class H2Connection:
             name = code.name if isinstance(code, ErrorCodes) else str(code)
             s.error = UpstreamProtocolError(f"upstream {self.label} reset stream {s.id}: {name}",
                                             upstream=self.label, request_sent=code != ErrorCodes.REFUSED_STREAM)
-        s.wake()
+        s.wake_all()
 
     def _on_window(self, event: h2.events.WindowUpdated) -> None:
         if event.stream_id:
             s = self._streams.get(event.stream_id)
             if s is not None and s.blocked:
-                s.wake()
+                s.wake_writer()
             return
         self._wake_blocked()
 
     def _wake_blocked(self) -> None:
         for s in self._streams.values():
             if s.blocked:
-                s.wake()
+                s.wake_writer()
 
     def _on_settings(self, event: h2.events.RemoteSettingsChanged) -> None:
         self.max_streams = self._h2.remote_settings.max_concurrent_streams
@@ -443,7 +505,7 @@ class H2Connection:
             if s.id > last and not s.ended and s.error is None:
                 s.error = UpstreamProtocolError(f"upstream {self.label}: GOAWAY before stream {s.id} was processed",
                                                 upstream=self.label, request_sent=False)
-                s.wake()
+                s.wake_all()
         if not self._streams:
             self._fail("GOAWAY")
         self.on_change(self)
@@ -461,6 +523,7 @@ class H2Connection:
 
     def statistics(self) -> dict[str, Any]:
         return {"label": self.label, "streams": len(self._streams), "max_streams": self.max_streams,
+                "uploading": sum(1 for s in self._streams.values() if s.uploader is not None),
                 "requests": self.requests, "goaway": self.goaway, "closed": self.closed}
 
     def __repr__(self) -> str:
@@ -499,7 +562,7 @@ class H2Response:
                 self.complete = True
                 return b""
             if s.error is not None:
-                self.failed = True
+                self.failed = isinstance(s.error, UpstreamProtocolError)  # else the body source failed
                 raise s.error
             await s.wait()
 
