@@ -54,7 +54,7 @@ class Dedup(Section):
         int, Meta(ge=0, le=1_073_741_824, description="Largest response kept for replay (body and headers); larger ones are only coalesced while running.")
     ] = 1_048_576
     max_memory_bytes: Annotated[
-        int, Meta(ge=0, le=68_719_476_736, description="memory store: total size of kept responses; the least recently used go first.")
+        int, Meta(ge=0, le=68_719_476_736, description="Total size of the completed responses this replica keeps in memory for replay: the memory store's, or with redis its replay cache (0 keeps none); the least recently used go first.")
     ] = 67_108_864
     lease_ms: Annotated[
         int, Meta(ge=100, le=600_000, description="A leader's claim lapses this long after its replica stops refreshing it (a crash), freeing the key.")

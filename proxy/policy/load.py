@@ -20,6 +20,7 @@ from proxy.errors import PolicyError
 from proxy.policy.base import CROSS_CHECKS
 from proxy.policy.schema import PATTERN_HINTS, Policy
 
+
 def load_policy(path: str | Path) -> Policy:
     path = Path(path)
     try:
@@ -150,9 +151,8 @@ def locate(text: str, path: str) -> int | None:
             if current == table_name and seen[current] == index:
                 header_line = lineno
             continue
-        if current == table_name and seen.get(current, 0) == index:
-            if re.match(rf"^{re.escape(key)}\s*=", stripped):
-                return lineno
+        if current == table_name and seen.get(current, 0) == index and re.match(rf"^{re.escape(key)}\s*=", stripped):
+            return lineno
     # The key may itself be a table ([listen.foo]), or not be written at all.
     return _header_line(text, f"{table_name}.{key}" if table_name else key) or header_line
 

@@ -24,7 +24,6 @@ from proxy.policy import shedding as _shedding
 from proxy.policy import warmup as _warmup
 from proxy.policy.base import Section
 
-
 HOST_PORT_RE = r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+|\*):[0-9]{1,5}$"
 HTTP_URL_RE = r"^http://[^/?#]+(/.*)?$"
 # What a value must look like, in words, for errors about the patterns above.

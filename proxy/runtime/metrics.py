@@ -28,7 +28,7 @@ LATENCY_BUCKETS = (
 )
 
 
-class SCRAPE_TIME:  # noqa: N801 - a marker kind, not a metric class
+class SCRAPE_TIME:
     """Kind of a metric computed by a custom collector at scrape time (declared here all the same)."""
 
 
@@ -101,6 +101,9 @@ SPECS: list[Spec] = [
     Spec("dedup_in_flight", Gauge, "Keyed requests this replica is leading now."),
     Spec("dedup_store_errors_total", Counter, "Dedup store operations that failed or timed out, by operation.", ("op",)),
     Spec("dedup_store_duration_seconds", Histogram, "Dedup store operation latency, by operation.", ("op",), (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)),
+    Spec("dedup_replay_cache_hits_total", Counter, "Keyed requests answered from this replica's replay cache (Redis store) without a store call: replays and reused-key 422s, also counted in dedup_decisions_total."),
+    Spec("dedup_replay_cache_evictions_total", Counter, "Completed responses dropped from this replica's replay cache: lru (max_memory_bytes) or ttl.", ("cause",)),
+    Spec("dedup_replay_cache_bytes", Gauge, "Bytes of completed responses held in this replica's replay cache (Redis store)."),
 ]
 
 

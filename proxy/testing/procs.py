@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Self
 
 READY_PREFIX = "rampmeter-ready "
 
@@ -57,7 +58,7 @@ class Proc:
         if cpu is not None and _has_taskset():
             cmd = ["taskset", "-c", str(cpu), *cmd]
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self._log = open(self.log_path, "w")
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed by stop(), lives as long as the process
         self.popen = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=self._log, env=full_env, text=True, bufsize=1
         )
@@ -115,7 +116,7 @@ class Proc:
     def wait(self, timeout_s: float) -> int:
         return self.popen.wait(timeout_s)
 
-    def __enter__(self) -> Proc:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -74,10 +74,10 @@ def test_policy_check_cli_exit_codes(tmp_path):
     good.write_text("[listen]\nmax_connections = 10\n")
     bad = tmp_path / "bad.toml"
     bad.write_text("[listen]\nmax_connections = -1\n")
-    ok = subprocess.run([sys.executable, "-m", "proxy", "policy", "check", str(good)], capture_output=True, text=True)
+    ok = subprocess.run([sys.executable, "-m", "proxy", "policy", "check", str(good)], check=False, capture_output=True, text=True)
     assert ok.returncode == 0 and "ok" in ok.stdout
     failed = subprocess.run(
-        [sys.executable, "-m", "proxy", "policy", "check", str(good), str(bad)], capture_output=True, text=True
+        [sys.executable, "-m", "proxy", "policy", "check", str(good), str(bad)], check=False, capture_output=True, text=True
     )
     assert failed.returncode == 1
     assert f"{bad}:2: listen.max_connections: Expected `int` >= 1" in failed.stderr

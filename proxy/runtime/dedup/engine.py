@@ -18,6 +18,12 @@ and re-read the record at least every lease_ms/2 (a dead leader sends nothing).
 Store calls go through `StoreGuard` (guard.py); when the store is unavailable,
 on_store_error picks a local-only leader (fail_open: still coalesces on this
 replica) or StoreDown (fail_closed). Raw keys are never logged.
+
+With a store that is not in process (Redis), completed records this replica
+sees (its own leader's, or one a remote follower read) are kept in a
+`ReplayCache` (replay_cache.py, which argues why a kept record is always the
+store's current one) until the earliest moment the store's copy can expire;
+`begin()` answers a kept scope from it, without a store call.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from proxy.runtime.dedup.outcomes import (
     Replay,
     StoreDown,
 )
+from proxy.runtime.dedup.replay_cache import ReplayCache, keep_until
 from proxy.runtime.dedup.store import Store, StoreUnavailable
 from proxy.runtime.metrics import Metrics
 
@@ -72,6 +79,9 @@ class Dedup:
     ) -> None:
         metrics = metrics or Metrics()
         self._store = store
+        self._clock = clock
+        # The memory store already is memory; in front of Redis, max_memory_bytes bounds this copy instead.
+        self._cache = None if store.in_process else ReplayCache(policy.max_memory_bytes, metrics, clock)
         self._guard = StoreGuard(policy, metrics, clock, bounded=not store.in_process)
         self._rng = rng or random.Random()
         self._flights: dict[str, Recording] = {}
@@ -92,6 +102,8 @@ class Dedup:
         self._fp_headers = tuple(name.encode() for name in policy.fingerprint_headers)
         if hasattr(self._store, "max_memory_bytes"):
             self._store.max_memory_bytes = policy.max_memory_bytes
+        if self._cache is not None:
+            self._cache.max_bytes = policy.max_memory_bytes
 
     # --- the request path's calls ---
 
@@ -111,6 +123,9 @@ class Dedup:
         flight = self._flights.get(scope)
         if flight is not None:
             return self._join(flight, fingerprint)
+        if self._cache is not None and (kept := self._cache.get(scope)) is not None:
+            return self._answer(core.decide(kept, fingerprint, self._policy.on_in_flight))  # Replay or Mismatch
+        asked_at = self._clock()  # the scope's state below is what the store held at or after this moment
         token = f"{self._rng.getrandbits(128):032x}"
         try:
             record = await self._guard.call("claim", self._store.claim, scope, fingerprint, token, self._policy.lease_ms)
@@ -126,7 +141,7 @@ class Dedup:
         if isinstance(decision, core.Lead):
             return self._lead(scope, fingerprint, token, degraded=False)
         if isinstance(decision, core.Follow):
-            events = Events(produce=lambda: self._await_remote(scope, fingerprint))
+            events = Events(produce=lambda: self._await_remote(scope, fingerprint, asked_at))
             return self._count("follow_remote", Follower(events, remote=True))
         return self._answer(decision)
 
@@ -134,6 +149,8 @@ class Dedup:
         """The store's connections and the lease keeper; runs until cancelled."""
         async with trio.open_nursery() as nursery:
             await nursery.start(self._store.run)
+            if self._cache is not None:
+                nursery.start_soon(self._cache.run)
             nursery.start_soon(self._keep_leases)
             task_status.started()
 
@@ -199,13 +216,22 @@ class Dedup:
         call, ttl_s = self._guard.call, self._policy.ttl_s
         try:
             if verdict is core.Verdict.STORED:
+                stored, asked_at = flight.stored(), self._clock()
                 # False: the lease lapsed and the key moved on to another leader.
-                return await call("complete", self._store.complete, flight.scope, flight.token, flight.fingerprint, flight.stored(), ttl_s)
+                kept = await call("complete", self._store.complete, flight.scope, flight.token, flight.fingerprint, stored, ttl_s)
+                if kept:  # unknown (StoreUnavailable) or lost: another replica may store a different record
+                    self._remember(flight.scope, core.Record(core.State.COMPLETE, flight.fingerprint, "", stored), asked_at)
+                return kept
             why = reason if verdict is core.Verdict.FAILED else _RELEASE_REASON[verdict]
             await call("release", self._store.release, flight.scope, flight.token, flight.fingerprint, why.value)
             return True
         except StoreUnavailable:
             return verdict is not core.Verdict.STORED  # an unreleased claim lapses with its lease
+
+    def _remember(self, scope: str, record: core.Record, written_after: float) -> None:
+        """Keep a complete record the store wrote at or after `written_after`, for as long as it surely keeps it."""
+        if self._cache is not None:
+            self._cache.put(scope, record, keep_until(written_after, self._policy.ttl_s))
 
     def _forget(self, flight: Recording) -> None:
         if self._flights.get(flight.scope) is flight:
@@ -214,8 +240,12 @@ class Dedup:
 
     # --- following another replica, keeping leases ---
 
-    async def _await_remote(self, scope: str, fingerprint: str) -> list[core.Event]:
-        """Wake on the leader's notification; re-check at half a lease in case it died."""
+    async def _await_remote(self, scope: str, fingerprint: str, asked_at: float) -> list[core.Event]:
+        """Wake on the leader's notification; re-check at half a lease in case it died.
+
+        The claim that sent us here saw the scope in flight at or after `asked_at`: a complete
+        record read now was written after it.
+        """
         recheck_s = self._policy.lease_ms / 2000
         try:
             signal = await self._guard.call("watch", self._store.watch, scope)
@@ -227,6 +257,8 @@ class Dedup:
                 record = await self._guard.call("get", self._store.get, scope)
                 if record is None:
                     return [_released(signal.message)]
+                if record.state is core.State.COMPLETE:
+                    self._remember(scope, record, asked_at)
                 if record.fingerprint != fingerprint:
                     return [core.Failed(wire.Reason.IDEMPOTENCY_KEY_REUSED, "idempotency-key was reused with a different request")]
                 if record.state is core.State.COMPLETE:
@@ -264,10 +296,14 @@ class Dedup:
             "decisions": dict(self._counts),
             "guard": self._guard.statistics(),
             "store": self._store.statistics(),
+            "replay_cache": None if self._cache is None else self._cache.statistics(),
         }
 
     def __repr__(self) -> str:
-        return f"<Dedup in_flight={len(self._flights)} store={self._store!r} on_in_flight={self._policy.on_in_flight}>"
+        return (
+            f"<Dedup in_flight={len(self._flights)} store={self._store!r} cache={self._cache!r} "
+            f"on_in_flight={self._policy.on_in_flight}>"
+        )
 
 
 def _released(message: bytes | None) -> core.Failed:
