@@ -79,7 +79,12 @@ class RequestPath:
 
     async def _idempotent(self, request: Request, body: bytes, ticket: Ticket, identity, sink) -> None:
         dedup = self.app.dedup
-        outcome = await dedup.begin(identity.scope, identity.fingerprint)
+        # Shielded (the guard bounds it by store_timeout_ms): a client that leaves mid-claim
+        # must not cancel it after Redis took the claim but before we heard so; that leaves a
+        # claim with no leader, which every retry follows until the lease lapses. Once it
+        # returns, a Leader is started (or released by its handle) before the next checkpoint.
+        with trio.CancelScope(shield=True):
+            outcome = await dedup.begin(identity.scope, identity.fingerprint)
         if isinstance(outcome, Leader):
             handle = outcome.handle
             if dedup.policy.continue_on_disconnect:

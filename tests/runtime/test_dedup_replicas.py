@@ -151,3 +151,30 @@ async def test_fail_open_serves_and_still_coalesces_locally_and_logs_once(autoju
     await trio.sleep(0.2)
     assert isinstance(await begin(dedup, headers=KEY), Leader)  # nothing was stored while degraded
     assert "reachable again" in caplog.text
+
+
+class HandshakeStore(MemoryStore):
+    """A claim that takes 50 ms, and turns its caller's cancellation into a store error, as
+    coredis does when a cancel interrupts a new connection's handshake."""
+
+    in_process = False
+
+    async def claim(self, *args):
+        try:
+            await trio.sleep(0.05)
+        except trio.Cancelled:
+            raise StoreUnavailable("redis: Unable to establish a connection") from None
+        return await super().claim(*args)
+
+
+async def test_a_callers_own_cancellation_is_not_a_store_outage(autojump_clock):
+    policy = DedupPolicy(store_retry_ms=1000)
+    metrics = Metrics()
+    dedup = Dedup(policy, HandshakeStore(policy.max_memory_bytes), metrics)
+    with trio.move_on_after(0.01) as gone:  # the client left mid-claim
+        await begin(dedup)
+    assert gone.cancelled_caught  # the cancellation went on; no StoreUnavailable escaped
+    assert not dedup.statistics()["guard"]["down"]
+    assert sample(metrics, "dedup_store_errors_total", op="claim") == 0
+    assert isinstance(await begin(dedup, headers=[(b"idempotency-key", b"k2")]), Leader)  # not fail_open
+    assert sample(metrics, "dedup_decisions_total", decision="fail_open") == 0

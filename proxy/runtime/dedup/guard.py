@@ -6,7 +6,8 @@ its latency per operation, and turns a timeout into `StoreUnavailable`. A
 failure opens a breaker for store_retry_ms: until then calls fail at once
 instead of each request waiting out the timeout against a dead Redis, and the
 engine applies on_store_error. The outage is logged once when it starts and once
-when it ends, never per request.
+when it ends, never per request. A call whose own caller was cancelled meanwhile
+is not a store failure (the cancellation goes on, the breaker stays shut).
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ class StoreGuard:
             with trio.fail_at(start + self.policy.store_timeout_ms / 1000):
                 result = await fn(*args)
         except (StoreUnavailable, trio.TooSlowError) as exc:
+            # A caller cancelled mid-call (its client left) can see coredis turn that into a
+            # connection error ("Unable to establish a connection" when it interrupted a
+            # handshake). That is the caller's end, not the store's: re-raise the cancellation
+            # rather than open the breaker, which would send the next store_retry_ms of
+            # requests to on_store_error (fail_open: a duplicate execution on another replica).
+            await trio.lowlevel.checkpoint_if_cancelled()
             self._failed(op, exc)
             raise StoreUnavailable(str(exc) or "timed out") from None
         self._seconds[op].observe(self._clock() - start)
