@@ -404,22 +404,22 @@ class AdmissionController:
         self, now: float, ranked: tuple[str, ...], gpu_memory_fraction: float = 0.0
     ) -> LoadSnapshot:
         """What the shedding rules read, per arrival: O(classes + upstreams), no dicts."""
-        queues, head_wait = self.waitline.queues, 0.0
-        depths = []
+        queues = self.waitline.queues
+        depths, waits = [], []
         for name in ranked:
             q = queues[name]
             depths.append(q.live)
-            if q.live:
-                head_wait = max(head_wait, (now - q.oldest().enqueued_at) * 1000.0)
+            waits.append((now - q.oldest().enqueued_at) * 1000.0 if q.live else 0.0)
         cap = self.capacity
         return LoadSnapshot(
             tuple(depths),
-            head_wait,
+            max(waits, default=0.0),
             sum(cap.requests),
             sum(cap.limit(i) for i in range(len(cap))),
             self._arrivals.rate(now) - self._leaves.rate(now),
             self._drain.rate(now),
             gpu_memory_fraction,
+            head_wait_by_class=tuple(waits),
         )
 
     def statistics(self, now: float | None = None) -> dict:

@@ -64,6 +64,10 @@ class ArrivalGate:
             ticket.tenant,
         )
 
+    def rank(self, klass: str) -> int:
+        """The class's rank (0 = most important); the lowest for a class a reload removed."""
+        return self._rank.get(klass, len(self.ranked) - 1)
+
     def service_ms(self, ticket: Ticket, now: float) -> float:
         """Observed p99 service time for the ticket's cost bucket, else the model's estimate."""
         p99 = self._service_ms.quantile(service_key(ticket), 0.99, now)

@@ -27,7 +27,8 @@ States, as a `(mode, event) -> mode` table:
 classes ranked 0 (most important) .. n-1, `sheds(rank)` is `rank >= n - level`. So
 one bad interval sheds the lowest class; each further bad interval adds the next class
 up; the first good interval ends dropping for all. The decision is made at arrival
-only; queued requests are left to the deadline expiry rule.
+only; queued requests are left to the deadline expiry rule. (`proxy.core.shedding`
+keeps one CoDel per class, each with n_classes = 1: level 1 = that class's queue stands.)
 """
 
 from __future__ import annotations

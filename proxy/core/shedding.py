@@ -13,10 +13,17 @@ weights[0] == 1 and non-increasing (see `class_weights`). The rules, in order:
 3. saturation: in-flight at the limit and the queue growing, by at least
    growth_ratio * w_r times the drain rate (any growth when nothing drains)
                                                                     -> 503 overloaded
-4. codel: a standing queue (see `proxy.core.codel`) sheds the `level` lowest classes
-                                                                    -> 503 overloaded
+4. codel: one CoDel per class (as fq_codel keeps one per queue; see `proxy.core.codel`),
+   fed that class's own waits: each dequeued request's, and at every arrival the age
+   of the class's oldest queued request. Class r is shed while its own queue, or that
+   of any class above it, is standing (a class served after a standing queue waits
+   behind it too)                                                  -> 503 overloaded
+   One CoDel over all classes could not see a standing batch queue under strict
+   priority: the short waits of the interactive requests being served kept its minimum
+   low, so batch waited out its deadline in the queue (bench/overload at 2x: 97 batch
+   requests answered 504 after ~9 s instead of 503 with Retry-After at arrival).
 Class order holds by construction: ahead_r grows with r while every threshold shrinks
-(or, for CoDel, the shed set is a suffix of the ranks), so under one snapshot, if class r
+(and a class is CoDel-shed whenever one above it is), so under one snapshot, if class r
 is shed, every class below it is too. Each rule is O(1) or O(classes), allocation-free
 but for the Reject value.
 
@@ -64,6 +71,8 @@ class LoadSnapshot:
     queue_growth_per_s: float = 0.0  # d(queue length)/dt, requests/s, smoothed by the caller
     drain_rate_per_s: float = 0.0  # completions/s, smoothed by the caller
     gpu_memory_fraction: float = 0.0  # in [0, 1], from the GPU sampler; 0 when unknown
+    # head_wait_ms per class rank; () when the caller does not say (then head_wait_ms for each)
+    head_wait_by_class: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +101,7 @@ class ShedConfig:
 @dataclass(frozen=True, slots=True)
 class ShedStatistics:
     shed: dict[str, int] = field(default_factory=dict)  # by reason
-    codel: CoDelStatistics | None = None
+    codel: tuple[CoDelStatistics, ...] | None = None  # per class rank
 
 
 class Shedder:
@@ -107,22 +116,24 @@ class Shedder:
         self._queue_cap = None if mq is None else tuple(max(1, math.floor(mq * x)) for x in w)
         self._gpu_cap = None if hw is None else tuple(1 - (1 - hw) / x for x in w)
         self._growth_cap = None if gr is None else tuple(gr * x for x in w)
-        self.codel = (
-            None
-            if config.codel_target_ms is None
-            else CoDel(config.codel_target_ms, config.codel_interval_ms, self.n_classes)
+        target = config.codel_target_ms
+        self.codels = None if target is None else tuple(
+            CoDel(target, config.codel_interval_ms, 1) for _ in range(self.n_classes)
         )
         self._shed = {reason: 0 for reason in (Reason.QUEUE_FULL, Reason.GPU_PRESSURE, Reason.OVERLOADED)}
 
-    def on_dequeue(self, wait_ms: float, now: float) -> None:
-        """Feed CoDel the wait of each request that leaves the queue."""
-        if self.codel is not None:
-            self.codel.observe(wait_ms, now)
+    def on_dequeue(self, wait_ms: float, rank: int, now: float) -> None:
+        """Feed the class's CoDel the wait of each of its requests that leaves the queue."""
+        if self.codels is not None:
+            self.codels[rank].observe(wait_ms, now)
 
     def check(self, snap: LoadSnapshot, rank: int, now: float) -> Reject | None:
         """None to go on, or why this class-`rank` arrival is shed."""
-        if self.codel is not None:
-            self.codel.observe(snap.head_wait_ms, now)
+        codels = self.codels
+        if codels is not None:
+            waits = snap.head_wait_by_class or (snap.head_wait_ms,) * len(codels)
+            for codel, wait_ms in zip(codels, waits, strict=False):
+                codel.observe(wait_ms, now)
         ahead = sum(snap.queued_by_class[: rank + 1])
         if self._queue_cap is not None and ahead >= self._queue_cap[rank]:
             return self._reject(Reason.QUEUE_FULL, "the queue for this priority is full", ahead, snap)
@@ -130,7 +141,7 @@ class Shedder:
             return self._reject(Reason.GPU_PRESSURE, "GPU memory is under pressure", ahead, snap)
         if self._growth_cap is not None and self._saturated(snap, self._growth_cap[rank]):
             return self._reject(Reason.OVERLOADED, "the model server is saturated", ahead, snap)
-        if self.codel is not None and self.codel.sheds(rank):
+        if codels is not None and any(codels[k].level for k in range(rank + 1)):
             return self._reject(Reason.OVERLOADED, "requests are queueing too long", ahead, snap)
         return None
 
@@ -148,11 +159,11 @@ class Shedder:
         return Reject(reason, self.retry_after(drain_ms(ahead + 1, snap.drain_rate_per_s)), message)
 
     def statistics(self) -> ShedStatistics:
-        codel = None if self.codel is None else self.codel.statistics()
+        codel = None if self.codels is None else tuple(c.statistics() for c in self.codels)
         return ShedStatistics({r.value: n for r, n in self._shed.items()}, codel)
 
     def __repr__(self) -> str:
-        return f"Shedder(classes={self.n_classes}, shed={ {r.value: n for r, n in self._shed.items()} }, codel={self.codel!r})"
+        return f"Shedder(classes={self.n_classes}, shed={ {r.value: n for r, n in self._shed.items()} }, codel={self.codels!r})"
 
 
 def arrival_verdict(

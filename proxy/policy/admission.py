@@ -88,7 +88,7 @@ def default_classes() -> dict[str, ClassPolicy]:
     return {
         "realtime": ClassPolicy(priority=0, weight=8, max_queue_length=64, max_queue_wait_ms=500, default_timeout_ms=2000, max_timeout_ms=10_000),
         "interactive": ClassPolicy(priority=1, weight=4, max_queue_length=256, max_queue_wait_ms=10_000, default_timeout_ms=30_000, max_timeout_ms=120_000),
-        "batch": ClassPolicy(priority=2, weight=1, max_queue_length=1024, max_queue_wait_ms=120_000, default_timeout_ms=600_000, max_timeout_ms=3_600_000, on_unmeetable="try"),
+        "batch": ClassPolicy(priority=2, weight=1, max_queue_length=1024, max_queue_wait_ms=120_000, default_timeout_ms=600_000, max_timeout_ms=3_600_000),
     }
 
 

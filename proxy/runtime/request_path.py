@@ -137,7 +137,7 @@ class RequestPath:
         app = self.app
         now = trio.current_time()
         queue_ms = slot.queue_ms
-        app.gate.shedder.on_dequeue(queue_ms, now)
+        app.gate.shedder.on_dequeue(queue_ms, app.gate.rank(ticket.klass), now)
         service_ms = app.gate.service_ms(ticket, now)
         # The arrival check's rule, again at dequeue (docs/shedding.md): the queue's own expiry
         # uses the mean expected time; work that would likely be cut at the deadline is not

@@ -543,3 +543,29 @@ def test_randomness_is_injected():
         AdmissionController(make_policy())
     shared = controller().balancer
     assert AdmissionController(make_policy(), balancer=shared).balancer is shared
+
+
+def test_the_load_snapshot_gives_each_class_its_own_oldest_wait_and_every_rule_reads_it():
+    from proxy.core.arrival import ranked_classes
+    from proxy.core.retry_after import RetryAfter
+    from proxy.core.shedding import ShedConfig, Shedder, class_weights
+
+    pol = make_policy(1)
+    ctl = controller(pol)
+    assert isinstance(ctl.arrive(ticket(), 0.0), Admit)
+    ctl.arrive(ticket("batch"), 0.0)
+    ctl.arrive(ticket("interactive"), 0.2)
+    ranked = ranked_classes(pol)
+    snap = ctl.load_snapshot(0.5, ranked, gpu_memory_fraction=0.1)
+    assert ranked == ("realtime", "interactive", "batch")
+    assert snap.queued_by_class == (0, 1, 1) and snap.gpu_memory_fraction == 0.1
+    assert snap.head_wait_by_class == pytest.approx((0.0, 300.0, 500.0)) and snap.head_wait_ms == pytest.approx(500.0)
+    assert (snap.inflight, snap.limit) == (1, 1)
+    # The default rules (saturation is opt-in; nothing has drained yet, so it would fire).
+    every_rule = Shedder(ShedConfig(weights=class_weights(3, 0.25), saturation_growth_ratio=None,
+                                    codel_target_ms=100.0, codel_interval_ms=100.0),
+                         RetryAfter(100, 30_000, 0.0, random.Random(0)))
+    assert every_rule.check(snap, 0, 0.5) is None
+    later = ctl.load_snapshot(0.7, ranked)  # a full interval above target for batch and interactive
+    assert every_rule.check(later, 0, 0.7) is None
+    assert every_rule.check(later, 1, 0.7).reason is Reason.OVERLOADED

@@ -98,20 +98,43 @@ def test_saturation_needs_the_limit_reached_and_the_queue_growing():
 
 def test_codel_sheds_on_a_standing_queue_and_stops_when_it_drains():
     shedder = make(codel_target_ms=50.0, codel_interval_ms=100.0, max_queued=None, gpu_memory_high_water=None, saturation_growth_ratio=None)
-    shedder.on_dequeue(80.0, 0.00)
-    shedder.on_dequeue(70.0, 0.05)
-    standing = snap((0, 3, 5), head_wait_ms=90.0, drain_rate_per_s=10.0)
+    shedder.on_dequeue(80.0, BATCH, 0.00)
+    shedder.on_dequeue(70.0, BATCH, 0.05)
+    standing = snap((0, 3, 5), head_wait_ms=90.0, drain_rate_per_s=10.0, head_wait_by_class=(0.0, 0.0, 90.0))
     assert shedder.check(standing, BATCH, 0.10).reason is Reason.OVERLOADED
     assert shedder.check(standing, INTERACTIVE, 0.10) is None
     assert shedder.check(snap(head_wait_ms=0.0), BATCH, 0.15) is not None  # judged per interval
     assert shedder.check(snap(head_wait_ms=0.0), BATCH, 0.20) is None  # [0.1, 0.2) emptied
-    assert shedder.statistics().codel.level == 0
+    assert [c.level for c in shedder.statistics().codel] == [0, 0, 0]
+
+
+def test_codel_sees_a_standing_low_class_queue_behind_short_high_class_waits():
+    """Strict priority at 2x: interactive is served at once, batch waits out its deadline.
+    One CoDel over every class saw the interactive dequeues' short waits and never fired."""
+    shedder = make(codel_target_ms=50.0, codel_interval_ms=100.0, max_queued=None, gpu_memory_high_water=None, saturation_growth_ratio=None)
+    for i in range(30):  # 0 .. 0.29 s: interactive leaves after 5 ms; batch's oldest keeps ageing
+        now = i * 0.01
+        shedder.on_dequeue(5.0, INTERACTIVE, now)
+        assert shedder.check(snap((0, 1, 4), head_wait_by_class=(0.0, 5.0, 500.0 + now * 1000)), INTERACTIVE, now) is None
+    batch = shedder.check(snap((0, 1, 4), head_wait_by_class=(0.0, 5.0, 800.0)), BATCH, 0.30)
+    assert batch is not None and batch.reason is Reason.OVERLOADED and batch.retry_after_ms is not None
+    assert [c.level for c in shedder.statistics().codel] == [0, 0, 1]
+
+
+def test_codel_sheds_every_class_below_one_with_a_standing_queue():
+    shedder = make(codel_target_ms=50.0, codel_interval_ms=100.0, max_queued=None, gpu_memory_high_water=None, saturation_growth_ratio=None)
+    waits = (0.0, 400.0, 0.0)  # interactive stands; batch has nobody queued right now
+    for i in range(25):
+        shedder.check(snap((0, 5, 0), head_wait_by_class=waits), REALTIME, i * 0.01)
+    shed = [shedder.check(snap((0, 5, 0), head_wait_by_class=waits), r, 0.25) is not None for r in (REALTIME, INTERACTIVE, BATCH)]
+    assert shed == [False, True, True]
 
 
 snapshots = st.builds(
     LoadSnapshot,
     queued_by_class=st.tuples(*[st.integers(0, 300)] * 4),
     head_wait_ms=st.floats(0, 5_000),
+    head_wait_by_class=st.one_of(st.just(()), st.tuples(*[st.floats(0, 5_000)] * 4)),
     inflight=st.integers(0, 20),
     limit=st.integers(0, 20),
     queue_growth_per_s=st.floats(-50, 200),

@@ -41,6 +41,13 @@ enabled = false
 health_interval_s = 0.1
 [readiness]
 retry_after_ms = 400
+[classes.realtime]
+priority = 0
+[classes.interactive]
+priority = 1
+[classes.batch]
+priority = 2
+on_unmeetable = "try"
 """
 
 
@@ -273,7 +280,7 @@ def test_the_deadline_reaches_the_pod_as_x_request_timeout_ms_restamped_per_atte
 
 
 def test_a_deadline_the_pod_cannot_meet_ends_the_call_and_the_pod_stops_the_work(proxy, stats) -> None:
-    # batch: the sidecar forwards even what it expects to miss (on_unmeetable = "try"), so the
+    # batch, set to on_unmeetable = "try" above: the sidecar forwards even what it expects to miss, so the
     # deadline is enforced at the sidecar on a running exchange: 4000 tokens take ~1.2 s here.
     with client_sdk.Client(proxy.url()) as client, pytest.raises(client_sdk.DeadlineExceeded) as caught:
         client.post(CHAT, json=chat(4000), deadline_s=0.3, priority="batch")

@@ -103,7 +103,7 @@ def test_defaults_suit_an_llm_pod():
         < p.classes["interactive"].priority
         < p.classes["batch"].priority
     )
-    assert p.classes["batch"].on_unmeetable == "try"
+    assert all(c.on_unmeetable == "reject" for c in p.classes.values())  # shed early, not rot in a queue
     assert [r.kind for r in p.routes] == ["chat", "completions", "embeddings", "fixed"]
     assert p.limits.min_limit <= p.limits.initial_limit <= p.limits.max_limit
     assert sum(p.scheduling.reserved_slots.values()) < p.limits.min_limit

@@ -74,7 +74,7 @@ def test_bad_values_are_named(text, message):
 def test_shedder_from_policy_applies_class_steps_and_rules():
     section = parse_policy('[shedding]\nrules = ["queue_length"]\nmax_queued_requests = 100\nclass_step_pct = 50\n').shedding
     shedder = sp.shedder(section, n_classes=3, rng=random.Random(1))
-    assert shedder.codel is None
+    assert shedder.codels is None
     load = LoadSnapshot(queued_by_class=(0, 0, 30), gpu_memory_fraction=1.0, drain_rate_per_s=10.0)
     assert shedder.check(load, 1, 0.0) is None  # gpu_memory rule is off
     verdict = shedder.check(load, 2, 0.0)  # cap 25 for rank 2

@@ -309,9 +309,9 @@ async def test_queued_request_expires_when_its_budget_no_longer_covers_service_a
 @pytest.mark.parametrize(("klass", "forwarded"), [("interactive", False), ("batch", True)])
 async def test_at_dequeue_a_budget_below_the_p99_service_time_is_not_forwarded(autojump_clock, klass, forwarded):
     """The queue expires on the mean expected time; before forwarding, the observed p99 decides
-    (docs/shedding.md), except for on_unmeetable = "try" classes (batch), which go while time is left."""
+    (docs/shedding.md), except for on_unmeetable = "try" classes (batch here), which go while time is left."""
     long, short = chat(100), chat(1)  # the long one really takes 2.46 s; the model expects ~1 s
-    async with stack(policy(limit=1)) as s:
+    async with stack(policy(limit=1, classes={"batch": {"priority": 2, "on_unmeetable": "try"}})) as s:
         first = s.call(long)
         await trio.testing.wait_all_tasks_blocked()
         queued = s.call(short, ("x-priority", klass), ("x-request-timeout-ms", "3000"))
