@@ -15,9 +15,10 @@ weights[0] == 1 and non-increasing (see `class_weights`). The rules, in order:
                                                                     -> 503 overloaded
 4. codel: one CoDel per class (as fq_codel keeps one per queue; see `proxy.core.codel`),
    fed that class's own waits: each dequeued request's, and at every arrival the age
-   of the class's oldest queued request. Class r is shed while its own queue, or that
-   of any class above it, is standing (a class served after a standing queue waits
-   behind it too)                                                  -> 503 overloaded
+   of the class's oldest queued request. While a class's own queue stands, its arrivals
+   are shed by CoDel's control law (one at once, then one per interval/sqrt(n)); every
+   arrival of a class below a standing one is shed (it waits behind it)
+                                                                    -> 503 overloaded
    One CoDel over all classes could not see a standing batch queue under strict
    priority: the short waits of the interactive requests being served kept its minimum
    low, so batch waited out its deadline in the queue (bench/overload at 2x: 97 batch
@@ -141,7 +142,7 @@ class Shedder:
             return self._reject(Reason.GPU_PRESSURE, "GPU memory is under pressure", ahead, snap)
         if self._growth_cap is not None and self._saturated(snap, self._growth_cap[rank]):
             return self._reject(Reason.OVERLOADED, "the model server is saturated", ahead, snap)
-        if codels is not None and any(codels[k].level for k in range(rank + 1)):
+        if codels is not None and (any(codels[k].level for k in range(rank)) or codels[rank].take_drop(now)):
             return self._reject(Reason.OVERLOADED, "requests are queueing too long", ahead, snap)
         return None
 

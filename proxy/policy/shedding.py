@@ -50,10 +50,10 @@ class Shedding(Section):
         float, Meta(ge=0, le=10_000, description="saturation: with in-flight at the concurrency limit, top-class arrivals get 503 overloaded while the queue grows at this % of the drain rate or more.")
     ] = 50.0
     codel_target_ms: Annotated[
-        float, Meta(ge=0, le=600_000, description="codel: a queue whose minimum wait over a whole interval stays above this is a standing queue; arrivals of its class, and of every class below it, are shed (one CoDel per class). Keep it above the wait the top class sees near capacity (a good fraction of a typical service time), or CoDel sheds requests that would meet their deadlines.")
+        float, Meta(ge=0, le=600_000, description="codel: a queue whose minimum wait over a whole interval stays above this is a standing queue (one CoDel per class): its class is shed by CoDel's control law, every class below it wholly. Keep it above the wait the top class sees near capacity (a good fraction of a typical service time), or CoDel sheds requests that would meet their deadlines.")
     ] = 500.0
     codel_interval_ms: Annotated[
-        float, Meta(gt=0, le=600_000, description="codel: the interval over which each class's minimum queue wait is taken; the first interval below target ends the shedding. At least a typical service time, so shedding one class can show its effect before the next is shed.")
+        float, Meta(gt=0, le=600_000, description="codel: the interval over which each class's minimum queue wait is taken; while a queue stands its class sheds one arrival per interval/sqrt(drops so far); the first interval below target ends it. At least a typical service time, so shedding one class can show its effect before the next is shed.")
     ] = 2000.0
     retry_after_min_ms: Annotated[
         int, Meta(ge=0, le=3_600_000, description="Smallest Retry-After a rejection carries.")

@@ -569,3 +569,21 @@ def test_the_load_snapshot_gives_each_class_its_own_oldest_wait_and_every_rule_r
     later = ctl.load_snapshot(0.7, ranked)  # a full interval above target for batch and interactive
     assert every_rule.check(later, 0, 0.7) is None
     assert every_rule.check(later, 1, 0.7).reason is Reason.OVERLOADED
+
+
+def test_under_strict_priority_a_lower_class_wait_is_stretched_by_the_work_arriving_above_it():
+    pol = make_policy(1, classes={**default_classes(), "interactive": ClassPolicy(priority=1, max_queue_length=10_000)})
+    ctl = controller(pol)
+    for i in range(250):  # 50 s (5 time constants) of interactive arrivals, 5 a second, 100 ms of work each
+        ctl.arrive(ticket("interactive", 100.0), i * 0.2)
+    now = 50.0
+    assert ctl.overtaking_factor("batch", now) == pytest.approx(2.0, rel=0.1)  # half the slot: 1 / (1 - 0.5)
+    assert ctl.overtaking_factor("interactive", now) == 1.0 and ctl.overtaking_factor("realtime", now) == 1.0
+    assert ctl.expected_wait_ms("batch", 100.0, now) > 1.8 * ctl.expected_wait_ms("interactive", 100.0, now)
+    for i in range(400):  # then 20 a second: more than the slot can take
+        ctl.arrive(ticket("interactive", 100.0), now + i * 0.05)
+    assert ctl.overtaking_factor("batch", now + 20.0) == pytest.approx(20.0)  # capped at MAX_RHO = 0.95
+    weighted = controller(make_policy(1, class_mode="weighted"))
+    weighted.arrive(ticket("interactive", 100.0), 0.0)
+    weighted.arrive(ticket("interactive", 100.0), 0.0)
+    assert weighted.overtaking_factor("batch", 0.0) == 1.0  # no strict order: nobody overtakes for sure

@@ -122,3 +122,19 @@ def test_matches_a_reference_of_per_interval_minima(waits):
     for m in minima:
         run = run + 1 if m > TARGET_MS else 0
     assert codel.level == min(run, 3)
+
+
+def test_take_drop_follows_the_control_law_and_resets_when_the_queue_clears():
+    codel = CoDel(TARGET_MS, INTERVAL_MS, n_classes=1)
+    assert not codel.take_drop(0.0)  # NORMAL: nothing to drop
+    codel.observe(80.0, 0.00)
+    codel.observe(80.0, 0.10)  # [0, 0.1) stood: DROPPING
+    taken = [t for t in (0.10, 0.15, 0.199, 0.20, 0.25, 0.2708, 0.28, 0.3286) if codel.take_drop(t)]
+    # At once, then interval/sqrt(1) = 100 ms, then 100/sqrt(2) = 70.7 ms, then 100/sqrt(3) = 57.7 ms.
+    assert taken == [0.10, 0.20, 0.2708, 0.3286]
+    codel.observe(0.0, 0.35)
+    codel.observe(0.0, 0.41)  # the interval holding an empty queue ends: NORMAL, the count starts over
+    assert codel.mode is Mode.NORMAL and not codel.take_drop(0.41)
+    codel.observe(80.0, 0.52)  # back-projected: [0.4, 0.5) had a 0 sample; [0.5, 0.6) runs
+    codel.observe(80.0, 0.61)  # [0.5, 0.6) stood again
+    assert codel.take_drop(0.61) and not codel.take_drop(0.70)  # first drop at once, next 100 ms later

@@ -101,10 +101,14 @@ def test_codel_sheds_on_a_standing_queue_and_stops_when_it_drains():
     shedder.on_dequeue(80.0, BATCH, 0.00)
     shedder.on_dequeue(70.0, BATCH, 0.05)
     standing = snap((0, 3, 5), head_wait_ms=90.0, drain_rate_per_s=10.0, head_wait_by_class=(0.0, 0.0, 90.0))
-    assert shedder.check(standing, BATCH, 0.10).reason is Reason.OVERLOADED
+    assert shedder.check(standing, BATCH, 0.10).reason is Reason.OVERLOADED  # the first drop: at once
     assert shedder.check(standing, INTERACTIVE, 0.10) is None
-    assert shedder.check(snap(head_wait_ms=0.0), BATCH, 0.15) is not None  # judged per interval
-    assert shedder.check(snap(head_wait_ms=0.0), BATCH, 0.20) is None  # [0.1, 0.2) emptied
+    assert shedder.check(standing, BATCH, 0.15) is None  # control law: the next one interval/sqrt(1) later
+    assert shedder.check(standing, BATCH, 0.19) is None  # the interval [0.1, 0.2) is still running
+    assert shedder.check(snap(head_wait_ms=0.0), BATCH, 0.20) is not None  # [0.1, 0.2) stood: still dropping
+    assert shedder.check(standing, BATCH, 0.25) is None  # next drop at 0.20 + 0.1/sqrt(2)
+    assert shedder.check(standing, BATCH, 0.275) is not None
+    assert shedder.check(snap(head_wait_ms=0.0), BATCH, 0.31) is None  # [0.2, 0.3) held an empty queue
     assert [c.level for c in shedder.statistics().codel] == [0, 0, 0]
 
 

@@ -14,6 +14,7 @@ from proxy.policy.warmup import Gpu
 from proxy.runtime.gpu import GpuSampler
 from proxy.runtime.metrics import Metrics
 from proxy.testing.fake_nvml import GIB, GPU_IS_LOST, NOT_SUPPORTED, FakeGpu, FakeNvml
+from tests.runtime.threaded import poll_until
 
 POLICY = Gpu(sample_interval_s=1.0)
 
@@ -167,14 +168,11 @@ async def test_run_samples_on_its_interval_and_shuts_nvml_down_once(autojump_clo
     sampler = GpuSampler(POLICY, metrics=metrics, nvml=nvml)
     async with trio.open_nursery() as nursery:
         assert await nursery.start(sampler.run) is True
-        # Readings happen in a worker thread, which the autojump clock does not wait for: poll.
-        with trio.fail_after(600):
-            while sampler.statistics().samples < 3:
-                await trio.sleep(POLICY.sample_interval_s)
+        # Readings happen in a worker thread, which the autojump clock does not wait for: poll,
+        # bounded in real time (virtual time races ahead while that thread waits for a CPU).
+        await poll_until(lambda: sampler.statistics().samples >= 3, POLICY.sample_interval_s)
         nvml.gpus[0].memory_used = 79 * GIB
-        with trio.fail_after(600):
-            while sampler.memory_fraction() < 0.98:
-                await trio.sleep(POLICY.sample_interval_s)
+        await poll_until(lambda: (sampler.memory_fraction() or 0.0) >= 0.98, POLICY.sample_interval_s)
         nursery.cancel_scope.cancel()
     assert nvml.calls["nvmlInit"] == 1 and nvml.calls["nvmlShutdown"] == 1 and nvml.initialized == 0
     assert sampler.memory_fraction() is None  # stopped: no longer a trustworthy input

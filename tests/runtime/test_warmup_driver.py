@@ -19,6 +19,7 @@ from proxy.policy.warmup import Probe, Readiness, SlowStart, Warmup
 from proxy.runtime.metrics import Metrics
 from proxy.runtime.probes import identity_of
 from proxy.runtime.readiness import UpstreamLifecycles
+from tests.runtime.threaded import poll_until
 
 URL = "http://model.test:8000"
 
@@ -255,9 +256,7 @@ async def test_unreadable_body_file_fails_with_a_reason(autojump_clock, metrics,
     async with trio.open_nursery() as nursery:
         lc = await start(nursery, pol, FakeModel(), metrics)
         # The file is read in a worker thread, which the autojump clock does not wait for: poll.
-        with trio.fail_after(600):
-            while not lc.warmers[0].last_problem:
-                await trio.sleep(1.0)
+        await poll_until(lambda: lc.warmers[0].last_problem, 1.0)
         assert "cannot read probe body" in lc.warmers[0].last_problem and not lc.is_ready()
         nursery.cancel_scope.cancel()
 
