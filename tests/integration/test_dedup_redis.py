@@ -15,6 +15,7 @@ from proxy.core.wire import Reason
 from proxy.policy.dedup import Dedup as DedupPolicy
 from proxy.runtime.dedup import Dedup, Follower, Leader, Replay, StoreDown, build_store
 from proxy.runtime.metrics import Metrics
+from tests.runtime.test_dedup_engine import following
 
 pytestmark = pytest.mark.integration
 
@@ -52,14 +53,7 @@ async def test_one_leader_the_other_replica_follows_and_gets_the_stream(redis_se
             leader = await begin(a)
             follower = await begin(b)
             assert isinstance(leader, Leader) and isinstance(follower, Follower) and follower.remote
-            async with trio.open_nursery() as nursery:
-                got = []
-
-                async def follow():
-                    got.extend(await collect(follower.events))
-
-                nursery.start_soon(follow)
-                await trio.sleep(0.2)
+            async with following(follower) as got:
                 leader.handle.record_head(200, [(b"content-type", b"text/event-stream")], streamed=True)
                 for token in (b"data: a\n\n", b"data: b\n\n", b"data: [DONE]\n\n"):
                     leader.handle.record_chunk(token)
@@ -82,14 +76,7 @@ async def test_a_remote_follower_gets_the_leaders_failure_and_the_key_is_release
         async with replica(redis_server.url) as (a, _, _), replica(redis_server.url) as (b, _, _):
             leader = await begin(a)
             follower = await begin(b)
-            async with trio.open_nursery() as nursery:
-                got = []
-
-                async def follow():
-                    got.extend(await collect(follower.events))
-
-                nursery.start_soon(follow)
-                await trio.sleep(0.2)
+            async with following(follower) as got:
                 await leader.handle.finish(False, Reason.UPSTREAM_TIMEOUT)
             assert [type(e) for e in got] == [core.Failed] and got[0].reason is Reason.UPSTREAM_TIMEOUT
             assert isinstance(await begin(b), Leader)
@@ -157,14 +144,7 @@ async def test_redis_killed_under_fail_open_serves_then_recovers(redis_server):
             assert isinstance(leader, Leader) and not leader.handle.degraded
             follower = await begin(b, body=b"after")
             assert isinstance(follower, Follower) and follower.remote
-            async with trio.open_nursery() as nursery:
-                got = []
-
-                async def follow():
-                    got.extend(await collect(follower.events))
-
-                nursery.start_soon(follow)
-                await trio.sleep(0.2)
+            async with following(follower) as got:
                 leader.handle.record_head(200, [])
                 await leader.handle.finish(True)
             assert got[-1] == core.END
@@ -185,13 +165,6 @@ async def test_a_remote_follower_is_told_when_redis_dies_while_it_waits(redis_se
         async with replica(redis_server.url) as (a, _, _), replica(redis_server.url) as (b, _, _):
             await begin(a)
             follower = await begin(b)
-            async with trio.open_nursery() as nursery:
-                got = []
-
-                async def follow():
-                    got.extend(await collect(follower.events))
-
-                nursery.start_soon(follow)
-                await trio.sleep(0.2)
+            async with following(follower) as got:
                 redis_server.kill()
             assert [e.reason for e in got] == [Reason.IDEMPOTENCY_STORE_UNAVAILABLE]

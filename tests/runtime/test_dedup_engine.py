@@ -3,6 +3,8 @@ replay, failure semantics, caps, cancellation, exactly-once finish."""
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 import pytest
 import trio
 import trio.testing
@@ -45,6 +47,21 @@ async def begin(dedup, body=b"{}", headers=KEY, target=b"/v1/chat/completions"):
 
 async def collect(events):
     return [event async for event in events]
+
+
+@asynccontextmanager
+async def following(follower, settle_s: float = 0.2):
+    """Collect `follower`'s events in a task while the body runs (after `settle_s`); the list is
+    complete once the block has exited (the task's nursery waited for the end)."""
+    got: list = []
+
+    async def follow() -> None:
+        got.extend(await collect(follower.events))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(follow)
+        await trio.sleep(settle_s)
+        yield got
 
 
 def body_of(events):

@@ -32,7 +32,15 @@ from proxy.runtime.dedup import (
 )
 from proxy.runtime.dedup.replay_cache import CLOCK_MARGIN, ReplayCache, keep_until
 from proxy.runtime.metrics import Metrics
-from tests.runtime.test_dedup_engine import KEY, REPLAYED, begin, body_of, collect, sample
+from tests.runtime.test_dedup_engine import (
+    KEY,
+    REPLAYED,
+    begin,
+    body_of,
+    collect,
+    following,
+    sample,
+)
 
 
 class FakeRedis:
@@ -120,14 +128,7 @@ async def test_a_remote_follower_keeps_what_it_read_from_the_store(autojump_cloc
     leader = (await begin(a)).handle
     follower = await begin(b)
     assert isinstance(follower, Follower) and follower.remote
-    async with trio.open_nursery() as nursery:
-        got = []
-
-        async def follow():
-            got.extend(await collect(follower.events))
-
-        nursery.start_soon(follow)
-        await trio.sleep(1)
+    async with following(follower, 1) as got:
         leader.record_head(200, [])
         leader.record_chunk(b"from a")
         await leader.finish(True)
