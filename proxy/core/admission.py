@@ -69,9 +69,8 @@ if TYPE_CHECKING:
 Check = Callable[["AdmissionController", Ticket, float], "Reject | None"]
 
 _NOTHING_OBSERVED = Observed()
-# A ticket that would have to queue but cannot afford any wait (now >= its expiry time).
 MAX_RHO = 0.95  # the largest share of capacity higher classes are taken to need (a 20x stretch)
-
+# A ticket that would have to queue but cannot afford any wait (now >= its expiry time).
 _NO_TIME_TO_WAIT = Reject(
     Reason.DEADLINE_UNMEETABLE, None, "the deadline leaves no time to wait for a slot"
 )
@@ -417,7 +416,8 @@ class AdmissionController:
     def overtaking_factor(self, klass: str, now: float) -> float:
         """1 / (1 - rho): under strict class priority, work arriving in higher classes while
         a request waits is served before it (the M/G/1 priority-queue stretch), with rho the
-        share of the limit's slots that work needs. Without it a batch request queued behind
+        share of the parallelism that work needs (requests in flight, as in the wait itself,
+        so it reads the same whether the limit counts requests or tokens). Without it a batch request queued behind
         interactive traffic at capacity was promised a wait it never got: it waited out its
         deadline (bench/overload at 2x: 82 batch 504s after ~9 s) instead of hearing 503 at
         arrival. rho is capped at MAX_RHO (a finite estimate for Retry-After)."""
@@ -429,8 +429,7 @@ class AdmissionController:
                             if name in classes and classes[name].priority < mine)
         if not work_ms_per_s:
             return 1.0
-        slots = max(1, sum(self.capacity.limit(i) for i in range(len(self.capacity))))
-        rho = min(MAX_RHO, work_ms_per_s / 1000.0 / slots)
+        rho = min(MAX_RHO, work_ms_per_s / 1000.0 / max(1, sum(self.capacity.requests)))
         return 1.0 / (1.0 - rho)
 
     def load_snapshot(
