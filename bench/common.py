@@ -150,17 +150,39 @@ class Nginx:
         return f"http://127.0.0.1:{self.h2_port}"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGQUIT)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        stop_server(self.proc, signal.SIGQUIT, self.dir)  # nginx's graceful stop
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used (from /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def core_busy_seconds(cpu: int) -> float:
+    """Seconds core `cpu` spent not idle, whoever ran (from /proc/stat)."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith(f"cpu{cpu} "):
+                ticks = [int(x) for x in line.split()[1:]]
+                return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
+def stop_server(proc: subprocess.Popen, sig: signal.Signals, workdir: str | Path) -> None:
+    """`sig` (the server's graceful stop), SIGKILL after 5 s, then remove its work directory."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    shutil.rmtree(workdir, ignore_errors=True)

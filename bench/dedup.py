@@ -47,7 +47,17 @@ from pathlib import Path
 import httpx
 import trio
 
-from bench.common import free_port, machine, parse_args, pin, require_tool, target, write_result
+from bench.common import (
+    core_busy_seconds,
+    cpu_seconds,
+    free_port,
+    machine,
+    parse_args,
+    pin,
+    require_tool,
+    target,
+    write_result,
+)
 from proxy.testing.procs import Proc, wait_for
 
 SERVICE_S, TIMEOUT_S, MAX_ATTEMPTS, WORKERS = 0.4, 0.2, 6, 8
@@ -168,29 +178,18 @@ def replay_run(proc: Proc, protocol: str, n: int, key: str | None, tmp: Path) ->
     body = tmp / "body.json"
     body.write_bytes(BODY)
     h2load(proc.url(), protocol, max(50, n // 10), key, tmp / "warm.tsv", body)
-    before, cpu0, busy0, t0 = replays(proc), _cpu_s(proc.popen.pid), _core_busy_s(SIDECAR_CPU), time.monotonic()
+    before, cpu0, busy0, t0 = replays(proc), cpu_seconds(proc.popen.pid), core_busy_seconds(SIDECAR_CPU), time.monotonic()
     rows = h2load(proc.url(), protocol, n, key, tmp / "run.tsv", body)
-    wall, cpu = time.monotonic() - t0, _cpu_s(proc.popen.pid) - cpu0
+    wall, cpu = time.monotonic() - t0, cpu_seconds(proc.popen.pid) - cpu0
     lat = sorted(ms for _, ms in rows)
     fig = {k: lat[min(len(lat) - 1, int(q * len(lat)))] for k, q in QUANTILES.items()}
     fig.update(samples=len(lat), max_ms=lat[-1], non_200=sum(s != 200 for s, _ in rows),
                replays_counted=replays(proc) - before, cpu_us_per_request=1e6 * cpu / len(lat),
-               other_busy=max(0.0, _core_busy_s(SIDECAR_CPU) - busy0 - cpu) / wall)
+               other_busy=max(0.0, core_busy_seconds(SIDECAR_CPU) - busy0 - cpu) / wall)
     if fig["non_200"] or (key is not None and fig["replays_counted"] < len(lat)):
         raise SystemExit(f"bench: not every sample was a 200 replay: {fig}")
     return fig
 
-
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _core_busy_s(cpu: int) -> float:
-    with open("/proc/stat") as f:
-        ticks = next([int(x) for x in line.split()[1:]] for line in f if line.startswith(f"cpu{cpu} "))
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def prime(pod: Proc, proc: Proc, key: str) -> None:

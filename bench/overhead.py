@@ -44,7 +44,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Nginx, free_port, machine, parse_args, require_tool, target, write_result
+from bench.common import (
+    Nginx,
+    core_busy_seconds,
+    cpu_seconds,
+    free_port,
+    machine,
+    parse_args,
+    require_tool,
+    stop_server,
+    target,
+    write_result,
+)
 from proxy.testing.procs import Proc
 
 RATES = (500, 1000, 2000, None)  # None: unthrottled
@@ -114,14 +125,7 @@ class HAProxy:
         return {"http1": f"http://127.0.0.1:{self.h1_port}", "h2c": f"http://127.0.0.1:{self.h2_port}"}
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        stop_server(self.proc, signal.SIGTERM, self.dir)
 
 
 def _listening(port: int) -> bool:
@@ -160,21 +164,6 @@ def serve_wire(address: str, upstream_url: str) -> None:
 
     trio.run(main)
 
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def core_busy_seconds(cpu: int) -> float:
-    """Seconds core `cpu` spent not idle, whoever ran (from /proc/stat)."""
-    with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith(f"cpu{cpu} "):
-                ticks = [int(x) for x in line.split()[1:]]
-                return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-    return 0.0
 
 
 def h2load(url: str, protocol: str, rate: int | None, seconds: float, cpu: int, log: Path) -> dict:

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from bench.common import cpu_seconds
+
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -37,11 +39,6 @@ def serve(address: str) -> None:
 
     trio.run(main)
 
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_server(cpu: int) -> tuple[subprocess.Popen, str]:

@@ -17,7 +17,6 @@ both processes stop. The result is a plain dict (JSON-ready) plus the calls.
 from __future__ import annotations
 
 import contextlib
-import os
 import resource
 from array import array
 from dataclasses import asdict, dataclass
@@ -27,6 +26,7 @@ import httpx
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.common import cpu_seconds
 from bench.retry_storm.populations import POPULATIONS, Call, Recorder
 from proxy.testing.procs import Proc, wait_for
 from proxy.testing.simpod.profiles import get_profile
@@ -152,11 +152,6 @@ async def drive(spec: RunSpec, url: str, pod_url: str, offsets, path: str, body:
             await population.aclose()
     return calls, recorder, facts
 
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _own_cpu_s() -> float:
