@@ -1,0 +1,128 @@
+"""HPACK encoder and decoder that remember header blocks they have already coded.
+
+Why: against a trivial upstream, hpack's decoding (Huffman decoding of the
+`date` and `server` values, ~30 debug-log calls) and encoding of the same
+request head are a fifth of the load generator's CPU per h2c request. Most
+blocks repeat byte for byte: a client sends the same head every time and, once
+its fields are in the dynamic table, encodes it to the same indexed bytes; a
+server answers with the same status and headers (nginx changes `date` once a
+second). No maintained HPACK library offers this; it is a cache in front of
+hpack's own coder, which still does all the coding.
+
+Exactness: a coded block depends only on its input and the dynamic table, so
+the tables here count every change (`VersionedHeaderTable.version`: an added
+entry or a new maximum size; adding to an empty table too small for the entry
+changes nothing, and nginx does exactly that on every response once it has
+sized its table 0). A result is remembered only when coding it left
+the table unchanged, and is reused only while the table is at that same
+version and the decoder's limits are the ones it was checked against. A block
+that adds to the table, or a pending table-size update, always goes to hpack,
+and so does a head with hpack's `HeaderTuple` kinds (a never-indexed field
+compares equal to a plain tuple). Anything that raised is not remembered, so it raises again.
+
+`install(conn)` swaps these into an `h2.connection.H2Connection` before it has
+coded any headers (h2 creates its coder in `__init__` and only ever reads the
+attributes this keeps).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hpack
+from hpack.table import HeaderTable, table_entry_size
+
+MAX_ENTRIES = 64  # distinct blocks remembered per coder; past that the memory starts over
+MAX_BLOCK_BYTES = 4096  # longer blocks are not remembered (rare, and large keys)
+
+
+class VersionedHeaderTable(HeaderTable):
+    """hpack's table, counting its changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.version = 0
+
+    def add(self, name: bytes, value: bytes) -> None:
+        if self.dynamic_entries or table_entry_size(name, value) <= self._maxsize:
+            self.version += 1  # else a no-op: nginx indexes into a table it sized 0
+        super().add(name, value)
+
+    @HeaderTable.maxsize.setter  # type: ignore[attr-defined]
+    def maxsize(self, newmax: int) -> None:
+        if int(newmax) != self._maxsize:
+            self.version += 1
+        HeaderTable.maxsize.fset(self, newmax)  # type: ignore[attr-defined]
+
+
+class MemoEncoder(hpack.Encoder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.header_table = VersionedHeaderTable()
+        self._memo: dict[tuple, tuple[int, bytes]] = {}
+        self.hits = self.misses = 0
+
+    def encode(self, headers: Any, huffman: bool = True) -> bytes:
+        table = self.header_table
+        if table.resized or isinstance(headers, dict):
+            return super().encode(headers, huffman)
+        items = tuple(headers)
+        if any(type(h) is not tuple for h in items):  # HeaderTuple kinds compare equal to plain tuples
+            return super().encode(items, huffman)
+        key = (items, huffman)
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] == table.version:
+            self.hits += 1
+            return hit[1]
+        self.misses += 1
+        before = table.version
+        block = super().encode(items, huffman)
+        if table.version == before and len(block) <= MAX_BLOCK_BYTES:
+            _remember(self._memo, key, (before, block))
+        return block
+
+
+class MemoDecoder(hpack.Decoder):
+    def __init__(self, max_header_list_size: int = hpack.hpack.DEFAULT_MAX_HEADER_LIST_SIZE) -> None:
+        super().__init__(max_header_list_size)
+        self.header_table = VersionedHeaderTable()
+        self._memo: dict[tuple, tuple[tuple, list]] = {}
+        self.hits = self.misses = 0
+
+    def decode(self, data: bytes, raw: bool = False) -> Any:
+        if len(data) > MAX_BLOCK_BYTES:
+            return super().decode(data, raw)
+        data = bytes(data)
+        state = (self.header_table.version, self.max_header_list_size, self.max_allowed_table_size)
+        hit = self._memo.get((data, raw))
+        if hit is not None and hit[0] == state:
+            self.hits += 1
+            return list(hit[1])
+        self.misses += 1
+        headers = super().decode(data, raw)
+        if self.header_table.version == state[0]:
+            _remember(self._memo, (data, raw), (state, list(headers)))
+        return headers
+
+
+def _remember(memo: dict, key: Any, value: Any) -> None:
+    if len(memo) >= MAX_ENTRIES:
+        memo.clear()
+    memo[key] = value
+
+
+def install(conn: Any) -> bool:
+    """Give h2 connection `conn` a MemoEncoder and MemoDecoder with the same settings.
+
+    Only before it has coded a header (both tables empty and never resized by the
+    peer); answers whether it did."""
+    enc, dec = conn.encoder, conn.decoder
+    if enc.header_table.dynamic_entries or dec.header_table.dynamic_entries or enc.header_table.resized:
+        return False
+    new_enc, new_dec = MemoEncoder(), MemoDecoder(dec.max_header_list_size)
+    new_enc.header_table.maxsize = enc.header_table.maxsize
+    new_enc.header_table.resized = False
+    new_dec.header_table.maxsize = dec.header_table.maxsize
+    new_dec.max_allowed_table_size = dec.max_allowed_table_size
+    conn.encoder, conn.decoder = new_enc, new_dec
+    return True
