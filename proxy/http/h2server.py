@@ -46,7 +46,7 @@ from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 
 from proxy.errors import ClientGone
-from proxy.http import sockio
+from proxy.http import hpack_memo, sockio
 from proxy.http.exchange import ServerContext
 from proxy.http.h2stream import H2Stream, build_request
 
@@ -95,6 +95,7 @@ class H2Connection:
             },
         )
         self.h2.decoder.max_header_list_size = HEADER_LIST_HARD_FACTOR * limits.max_header_bytes
+        hpack_memo.install(self.h2)
         self.streams: dict[int, H2Stream] = {}
         self.requests = 0
         self._stream = stream

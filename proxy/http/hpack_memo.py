@@ -22,7 +22,9 @@ compares equal to a plain tuple). Anything that raised is not remembered, so it 
 
 `install(conn)` swaps these into an `h2.connection.H2Connection` before it has
 coded any headers (h2 creates its coder in `__init__` and only ever reads the
-attributes this keeps).
+attributes this keeps). The sidecar's h2c server and upstream client install
+it as the load generator does: clients repeat their heads (h2load, gRPC, the
+OpenAI SDK over h2), and so do model servers.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from typing import Any
 import hpack
 from hpack.table import HeaderTable, table_entry_size
 
-MAX_ENTRIES = 64  # distinct blocks remembered per coder; past that the memory starts over
-MAX_BLOCK_BYTES = 4096  # longer blocks are not remembered (rare, and large keys)
+# Bounds per coder (one encoder and one decoder per connection): the oldest remembered block goes first.
+MAX_ENTRIES = 16
+MAX_BLOCK_BYTES = 1024  # longer blocks are not remembered: worst case ~16 KiB per coder
 
 
 class VersionedHeaderTable(HeaderTable):
@@ -107,7 +110,7 @@ class MemoDecoder(hpack.Decoder):
 
 def _remember(memo: dict, key: Any, value: Any) -> None:
     if len(memo) >= MAX_ENTRIES:
-        memo.clear()
+        del memo[next(iter(memo))]  # the oldest (dicts keep insertion order)
     memo[key] = value
 
 

@@ -65,7 +65,7 @@ from h2.connection import ConnectionInputs, ConnectionState
 from h2.errors import ErrorCodes
 
 from proxy.errors import ProtocolError, UpstreamConnectError, UpstreamProtocolError
-from proxy.http import sockio
+from proxy.http import hpack_memo, sockio
 from proxy.http.forward import h2_request_headers
 from proxy.http.messages import Headers
 
@@ -172,6 +172,7 @@ class H2Connection:
         self._streams: dict[int, _Stream] = {}
         self._h2 = _ClientState(_CONFIG, self._streams)
         self._h2.state_machine = _GracefulStateMachine()
+        hpack_memo.install(self._h2)
         self._fd = stream.socket.fileno()
         self._outbox: list[bytes] = []  # bytes for the writer task, oldest first
         self._queued = 0  # bytes in _outbox

@@ -8,13 +8,12 @@ connection's `on_change` unparks it). Connections that were closed or got
 GOAWAY are dropped; a stream the server refused or did not process (above
 GOAWAY's last stream id, `request_sent=False`) is sent once more.
 
-The connections are the project's `H2Connection` with two differences: h2 does
-not validate or normalise the target's response headers (`_GENERATOR_H2`).
+The connections are the project's `H2Connection` (whose HPACK coder remembers
+repeated header blocks, proxy/http/hpack_memo.py: a fifth of the generator's
+CPU against nginx) with one difference: h2 does not validate or normalise the
+target's response headers (`_GENERATOR_H2`).
 That check is a third of the generator's CPU per request against nginx, and a
-load generator measures the target rather than polices it. And the HPACK coder
-remembers repeated header blocks (proxy/http/hpack_memo.py): a generator sends
-the same few heads and a trivial target answers with the same head, so the
-coding, a fifth of what was left, mostly becomes a lookup. The switch reaches
+load generator measures the target rather than polices it. The switch reaches
 into `H2Connection._h2`; it is a no-op if that attribute ever goes away (the
 generator is then slower, never wrong). Asked of upstream_h2.py: a public
 `config` argument, so this needs no private attribute.
@@ -28,7 +27,6 @@ import h2.config
 import trio
 
 from proxy.errors import UpstreamError
-from proxy.http import hpack_memo
 from proxy.http.pool import parse_url
 from proxy.http.upstream_h2 import H2Connection
 from proxy.loadtest.shapes import Shape
@@ -44,14 +42,13 @@ _GENERATOR_H2 = h2.config.H2Configuration(
 
 
 class _GeneratorH2Connection(H2Connection):
-    """`H2Connection` with inbound header validation off and a remembering HPACK coder (module doc)."""
+    """`H2Connection` with inbound header validation off (module doc)."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         machine = getattr(self, "_h2", None)
         if machine is not None and not machine.streams:  # before any stream takes a copy of the config
             machine.config = _GENERATOR_H2
-            hpack_memo.install(machine)
 
 
 class _H2Session:

@@ -28,7 +28,8 @@ def test_encoder_and_decoder_code_every_sequence_as_hpack_does(calls):
     plain_dec, memo_dec = hpack.Decoder(), MemoDecoder()
     for kind, arg in calls:
         if kind == "size":
-            plain_enc.header_table_size = memo_enc.header_table_size = arg
+            if arg != plain_enc.header_table_size:  # hpack 4.x drops a pending update when set twice alike
+                plain_enc.header_table_size = memo_enc.header_table_size = arg
             continue
         block = plain_enc.encode(arg)
         assert memo_enc.encode(list(arg)) == block
