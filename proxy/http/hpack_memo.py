@@ -36,7 +36,7 @@ from hpack.table import HeaderTable, table_entry_size
 
 # Bounds per coder (one encoder and one decoder per connection): the oldest remembered block goes first.
 MAX_ENTRIES = 16
-MAX_BLOCK_BYTES = 1024  # longer blocks are not remembered: worst case ~16 KiB per coder
+MAX_BLOCK_BYTES = 1024  # longer blocks are not remembered: at worst ~32 KiB per coder (blocks + fields)
 
 
 class VersionedHeaderTable(HeaderTable):
