@@ -1,9 +1,10 @@
-"""CoDel-style queue-delay shedding: a standing queue sheds arrivals, lowest class first.
+"""CoDel-style queue-delay detection for one queue, with CoDel's drop schedule.
 
 Theory of operation (after Nichols & Jacobson's CoDel, Facebook's "controlled delay"
 RPC queue in "Fail at Scale"/wangle, and Triton's queue policy): a queue that is
 sometimes empty is doing its job (absorbing bursts); a queue whose *minimum* wait over
 a whole interval stays above `target_ms` is a standing queue that only adds latency.
+`proxy.core.shedding` keeps one per class, as fq_codel keeps one per queue.
 
 Samples: `observe(wait_ms, now)` takes a queue wait: the wait of each dequeued request,
 and the age of the oldest queued request on each arrival (0 when the queue is empty;
@@ -14,22 +15,19 @@ minimum sample is compared to the target:
 An interval that got no sample is judged from the next sample, back-projected: a
 request that has waited w ms at `now` was already queued, w - (now - t) ms old, at every
 earlier t, so the interval's minimum is taken as max(0, w - (now - interval start)).
-(Only the last `max_level + 1` such empty intervals are replayed after a long idle
-gap: their projected minima only grow with time, so the earlier ones cannot change
-the outcome.)
+Those projections grow by `interval_ms` from one empty interval to the next, so the
+empty intervals read BELOW up to some point and ABOVE after it; each run is judged at
+once (O(1) after any idle gap) and counted in full.
 
 States, as a `(mode, event) -> mode` table:
-  NORMAL   --ABOVE--> DROPPING (level 1)
-  DROPPING --ABOVE--> DROPPING (level + 1, at most max_level)
-  DROPPING --BELOW--> NORMAL   (level 0)
+  NORMAL   --ABOVE--> DROPPING
+  DROPPING --ABOVE--> DROPPING
+  DROPPING --BELOW--> NORMAL
   NORMAL   --BELOW--> NORMAL
-`level` is how many classes, counted from the least important, are shed: with n
-classes ranked 0 (most important) .. n-1, `sheds(rank)` is `rank >= n - level`. So
-one bad interval sheds the lowest class; each further bad interval adds the next class
-up; the first good interval ends dropping for all. The decision is made at arrival
-only; queued requests are left to the deadline expiry rule. (`proxy.core.shedding`
-keeps one CoDel per class, each with n_classes = 1: level 1 = that class's queue stands;
-it sheds that class by `take_drop`, CoDel's control law, and the classes below it whole.)
+While DROPPING, `take_drop(now)` is CoDel's control law: it answers True for one
+arrival at once, then for the next after interval / sqrt(drops so far); the first
+BELOW interval ends it and starts the count over. The decision is made at arrival
+only; queued requests are left to the deadline expiry rule.
 """
 
 from __future__ import annotations
@@ -67,65 +65,81 @@ def transition(mode: Mode, event: Event) -> Mode:
 @dataclass(frozen=True, slots=True)
 class CoDelStatistics:
     mode: Mode
-    level: int
     interval_min_ms: float | None  # minimum so far in the running interval
     intervals_above: int  # total intervals that ended above target
     intervals_below: int
+    drops: int  # arrivals take_drop() answered True for since DROPPING began
 
 
 class CoDel:
-    def __init__(self, target_ms: float, interval_ms: float, n_classes: int) -> None:
-        if not (target_ms >= 0 and interval_ms > 0 and n_classes >= 1):
-            raise ValueError("need target_ms >= 0, interval_ms > 0, n_classes >= 1")
-        self.target_ms, self.n_classes = target_ms, n_classes
-        self.max_level = n_classes
+    def __init__(self, target_ms: float, interval_ms: float) -> None:
+        if not (target_ms >= 0 and interval_ms > 0):
+            raise ValueError("need target_ms >= 0 and interval_ms > 0")
+        self.target_ms = target_ms
         self._interval_s = interval_ms / 1000.0
         self.mode = Mode.NORMAL
-        self.level = 0
-        self._interval_end: float | None = None
+        self._t0: float | None = None  # interval k is [t0 + k * interval, t0 + (k + 1) * interval)
+        self._closed = 0  # intervals judged so far
         self._min: float | None = None
         self._above = self._below = 0
         self._drops = 0  # arrivals taken by take_drop() since DROPPING began
         self._drop_next: float | None = None
 
+    @property
+    def dropping(self) -> bool:
+        return self.mode is Mode.DROPPING
+
+    def _end(self, k: int) -> float:
+        return self._t0 + (k + 1) * self._interval_s  # type: ignore[operator]
+
     def observe(self, wait_ms: float, now: float) -> None:
-        if self._interval_end is None:
-            self._interval_end = now + self._interval_s
-        elif now >= self._interval_end:
+        if self._t0 is None:
+            self._t0 = now
+        elif now >= self._end(self._closed):
             self._roll(wait_ms, now)
         self._min = wait_ms if self._min is None or wait_ms < self._min else self._min
 
     def _roll(self, wait_ms: float, now: float) -> None:
-        """Close every interval that ended at or before `now`."""
-        assert self._interval_end is not None
-        pending = math.floor((now - self._interval_end) / self._interval_s) + 1
+        """Judge every interval that ended at or before `now`."""
+        ended = math.floor((now - self._t0) / self._interval_s)  # type: ignore[operator]
+        while self._end(ended) <= now:  # the division's rounding, either way, by the same formula
+            ended += 1
+        while ended > 0 and self._end(ended - 1) > now:
+            ended -= 1
+        pending = ended - self._closed
         if self._min is not None:  # the interval that holds real samples
-            self._close(self._min)
+            self._close(self._min, 1)
             pending -= 1
-        skip = max(0, pending - (self.max_level + 1))
-        self._interval_end += skip * self._interval_s
-        for _ in range(pending - skip):
-            start = self._interval_end - self._interval_s
-            self._close(max(0.0, wait_ms - (now - start) * 1000.0))
+        if pending <= 0:
+            return
+        # Empty intervals j = 0..pending-1 start at `start` + j * interval; projected minimum
+        # max(0, first + j * interval_ms): BELOW for j < below, ABOVE after.
+        start = self._end(self._closed - 1) if self._closed else self._t0
+        first = wait_ms - (now - start) * 1000.0  # type: ignore[operator]
+        interval_ms = self._interval_s * 1000.0
+        below = 0 if first > self.target_ms else min(pending, math.floor((self.target_ms - first) / interval_ms) + 1)
+        if below:
+            self._close(0.0, below)
+        if pending > below:
+            self._close(math.inf, pending - below)
 
-    def _close(self, interval_min_ms: float) -> None:
+    def _close(self, interval_min_ms: float, count: int) -> None:
+        """Judge `count` intervals in a row, each with this minimum."""
         above = interval_min_ms > self.target_ms
         self.mode = transition(self.mode, Event.ABOVE if above else Event.BELOW)
         if above:
-            self._above += 1
-            self.level = min(self.max_level, self.level + 1)
+            self._above += count
         else:
-            self._below += 1
-            self.level = 0
+            self._below += count
             self._drops, self._drop_next = 0, None
         self._min = None
-        self._interval_end += self._interval_s  # type: ignore[operator]
+        self._closed += count
 
     def take_drop(self, now: float) -> bool:
-        """CoDel's control law, for the queue that stands itself: while DROPPING, shed one
-        arrival at once, then the next after interval / sqrt(drops so far). Shedding every
-        arrival instead empties the queue, the next interval reads BELOW and the queue refills
-        (bench/overload at 2.5x: goodput fell below unbounded queueing's)."""
+        """CoDel's control law: while DROPPING, shed one arrival at once, then the next after
+        interval / sqrt(drops so far). Shedding every arrival instead empties the queue, the
+        next interval reads BELOW and the queue refills (bench/overload at 2.5x: goodput fell
+        below unbounded queueing's)."""
         if self.mode is not Mode.DROPPING:
             return False
         if self._drop_next is not None and now < self._drop_next:
@@ -134,15 +148,11 @@ class CoDel:
         self._drop_next = now + self._interval_s / math.sqrt(self._drops)
         return True
 
-    def sheds(self, rank: int) -> bool:
-        """Whether an arrival of class `rank` (0 = most important) is shed now."""
-        return rank >= self.n_classes - self.level
-
     def statistics(self) -> CoDelStatistics:
-        return CoDelStatistics(self.mode, self.level, self._min, self._above, self._below)
+        return CoDelStatistics(self.mode, self._min, self._above, self._below, self._drops)
 
     def __repr__(self) -> str:
         return (
             f"CoDel(target_ms={self.target_ms}, interval_ms={self._interval_s * 1000:g}, "
-            f"mode={self.mode.value}, level={self.level}/{self.max_level})"
+            f"mode={self.mode.value}, drops={self._drops})"
         )

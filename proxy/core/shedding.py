@@ -119,7 +119,7 @@ class Shedder:
         self._growth_cap = None if gr is None else tuple(gr * x for x in w)
         target = config.codel_target_ms
         self.codels = None if target is None else tuple(
-            CoDel(target, config.codel_interval_ms, 1) for _ in range(self.n_classes)
+            CoDel(target, config.codel_interval_ms) for _ in range(self.n_classes)
         )
         self._shed = {reason: 0 for reason in (Reason.QUEUE_FULL, Reason.GPU_PRESSURE, Reason.OVERLOADED)}
 
@@ -142,7 +142,7 @@ class Shedder:
             return self._reject(Reason.GPU_PRESSURE, "GPU memory is under pressure", ahead, snap)
         if self._growth_cap is not None and self._saturated(snap, self._growth_cap[rank]):
             return self._reject(Reason.OVERLOADED, "the model server is saturated", ahead, snap)
-        if codels is not None and (any(codels[k].level for k in range(rank)) or codels[rank].take_drop(now)):
+        if codels is not None and (any(codels[k].dropping for k in range(rank)) or codels[rank].take_drop(now)):
             return self._reject(Reason.OVERLOADED, "requests are queueing too long", ahead, snap)
         return None
 

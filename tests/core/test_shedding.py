@@ -109,7 +109,7 @@ def test_codel_sheds_on_a_standing_queue_and_stops_when_it_drains():
     assert shedder.check(standing, BATCH, 0.25) is None  # next drop at 0.20 + 0.1/sqrt(2)
     assert shedder.check(standing, BATCH, 0.275) is not None
     assert shedder.check(snap(head_wait_ms=0.0), BATCH, 0.31) is None  # [0.2, 0.3) held an empty queue
-    assert [c.level for c in shedder.statistics().codel] == [0, 0, 0]
+    assert [c.mode.value for c in shedder.statistics().codel] == ["normal"] * 3
 
 
 def test_codel_sees_a_standing_low_class_queue_behind_short_high_class_waits():
@@ -122,7 +122,7 @@ def test_codel_sees_a_standing_low_class_queue_behind_short_high_class_waits():
         assert shedder.check(snap((0, 1, 4), head_wait_by_class=(0.0, 5.0, 500.0 + now * 1000)), INTERACTIVE, now) is None
     batch = shedder.check(snap((0, 1, 4), head_wait_by_class=(0.0, 5.0, 800.0)), BATCH, 0.30)
     assert batch is not None and batch.reason is Reason.OVERLOADED and batch.retry_after_ms is not None
-    assert [c.level for c in shedder.statistics().codel] == [0, 0, 1]
+    assert [c.mode.value for c in shedder.statistics().codel] == ["normal", "normal", "dropping"]
 
 
 def test_codel_sheds_every_class_below_one_with_a_standing_queue():
