@@ -90,3 +90,19 @@ def test_policy_schema_cli_prints_json_schema():
     schema = json.loads(out.stdout)
     listen = schema["$defs"]["Listen"]["properties"]["max_connections"]
     assert listen["minimum"] == 1 and "description" in listen
+
+
+def test_a_reader_that_goes_away_gets_no_traceback():
+    """`rampmeter policy schema | head -c 10`: the pipe closes early; exit 141 quietly, as Unix tools do.
+    Here the reading end is closed before the command starts, so its first write finds no reader."""
+    import os
+
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "proxy", "policy", "schema"], stdout=w, stderr=subprocess.PIPE, check=False,
+                              timeout=60)
+    finally:
+        os.close(w)
+    assert proc.returncode == 141
+    assert b"Traceback" not in proc.stderr and b"BrokenPipe" not in proc.stderr
