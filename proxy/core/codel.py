@@ -80,6 +80,7 @@ class CoDel:
         self.mode = Mode.NORMAL
         self._t0: float | None = None  # interval k is [t0 + k * interval, t0 + (k + 1) * interval)
         self._closed = 0  # intervals judged so far
+        self._next_end = math.inf  # end of the running interval, _end(_closed): the hot path's one compare
         self._min: float | None = None
         self._above = self._below = 0
         self._drops = 0  # arrivals taken by take_drop() since DROPPING began
@@ -93,10 +94,11 @@ class CoDel:
         return self._t0 + (k + 1) * self._interval_s  # type: ignore[operator]
 
     def observe(self, wait_ms: float, now: float) -> None:
-        if self._t0 is None:
-            self._t0 = now
-        elif now >= self._end(self._closed):
+        if now >= self._next_end:
             self._roll(wait_ms, now)
+        elif self._t0 is None:
+            self._t0 = now
+            self._next_end = self._end(0)
         self._min = wait_ms if self._min is None or wait_ms < self._min else self._min
 
     def _roll(self, wait_ms: float, now: float) -> None:
@@ -134,6 +136,7 @@ class CoDel:
             self._drops, self._drop_next = 0, None
         self._min = None
         self._closed += count
+        self._next_end = self._end(self._closed)
 
     def take_drop(self, now: float) -> bool:
         """CoDel's control law: while DROPPING, shed one arrival at once, then the next after
