@@ -36,7 +36,9 @@ class _Claim:
         self.expires_at = expires_at
 
 
-class _Done:
+class Kept:
+    """A complete record kept in memory until `expires_at`, and its bytes (also replay_cache.py's entry)."""
+
     __slots__ = ("expires_at", "record", "size")
 
     def __init__(self, record: Record, expires_at: float, size: int) -> None:
@@ -45,7 +47,20 @@ class _Done:
         self.size = size
 
 
-class MemoryStore:
+class Swept:
+    """`run()` frees expired entries: `sweep()` every SWEEP_INTERVAL_S (MemoryStore, ReplayCache)."""
+
+    def sweep(self) -> int:
+        raise NotImplementedError
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await trio.sleep(SWEEP_INTERVAL_S)
+            self.sweep()
+
+
+class MemoryStore(Swept):
     in_process = True  # no await inside actually suspends: callers need no deadline or shield
 
     def __init__(
@@ -54,7 +69,7 @@ class MemoryStore:
         self.max_memory_bytes = max_memory_bytes
         self._clock = clock
         self._claims: dict[str, _Claim] = {}
-        self._done: OrderedDict[str, _Done] = OrderedDict()
+        self._done: OrderedDict[str, Kept] = OrderedDict()
         self._expiry: OrderedDict[str, float] = OrderedDict()
         self._bytes = 0
         self._signals = Signals()
@@ -62,12 +77,6 @@ class MemoryStore:
         self._evicted_lru = metrics.dedup_evictions.labels("lru")
         self._evicted_ttl = metrics.dedup_evictions.labels("ttl")
         self._bytes_gauge = metrics.dedup_stored_bytes
-
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        while True:
-            await trio.sleep(SWEEP_INTERVAL_S)
-            self.sweep()
 
     async def claim(self, scope: str, fingerprint: str, token: str, lease_ms: int) -> Record | None:
         now = self._clock()
@@ -88,7 +97,7 @@ class MemoryStore:
         size = stored.size
         if scope in self._done:  # unreachable while claims are exclusive; keeps the byte count honest
             self._drop(scope, Step.EVICT)
-        self._done[scope] = _Done(record, now + ttl_s, size)
+        self._done[scope] = Kept(record, now + ttl_s, size)
         self._expiry[scope] = now + ttl_s
         self._bytes += size
         self._evict_over_cap()

@@ -55,9 +55,9 @@ from typing import Any
 import trio
 
 from proxy.core.dedup import Record, State
+from proxy.runtime.dedup.memory import Kept, Swept
 from proxy.runtime.metrics import Metrics
 
-SWEEP_INTERVAL_S = 1.0
 # Redis on another machine counts its TTL on its own clock: give up 0.1% of the TTL (3.6 s of
 # an hour) rather than answer past the store copy's expiry if that clock runs fast.
 CLOCK_MARGIN = 0.001
@@ -68,23 +68,14 @@ def keep_until(written_after: float, ttl_s: float) -> float:
     return written_after + int(ttl_s * 1000) / 1000 * (1 - CLOCK_MARGIN)
 
 
-class _Entry:
-    __slots__ = ("expires_at", "record", "size")
-
-    def __init__(self, record: Record, expires_at: float, size: int) -> None:
-        self.record = record
-        self.expires_at = expires_at
-        self.size = size
-
-
-class ReplayCache:
+class ReplayCache(Swept):
     def __init__(
         self, max_bytes: int, metrics: Metrics | None = None, clock: Callable[[], float] = trio.current_time
     ) -> None:
         metrics = metrics or Metrics()
         self._clock = clock
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
-        self._expiry: list[tuple[float, int, str, _Entry]] = []  # heap; items of dropped entries are stale
+        self._entries: OrderedDict[str, Kept] = OrderedDict()  # least recently used first
+        self._expiry: list[tuple[float, int, str, Kept]] = []  # heap; items of dropped entries are stale
         self._seq = itertools.count()  # ties in expires_at never compare entries
         self._bytes = 0
         self._hits = 0
@@ -126,7 +117,7 @@ class ReplayCache:
         size = record.stored.size
         if size > self._max_bytes or expires_at <= self._clock():
             return False
-        entry = self._entries[scope] = _Entry(record, expires_at, size)
+        entry = self._entries[scope] = Kept(record, expires_at, size)
         heapq.heappush(self._expiry, (expires_at, next(self._seq), scope, entry))
         self._bytes += size
         self._evict_over_cap()
@@ -144,12 +135,6 @@ class ReplayCache:
                 self._drop(scope, "ttl")
                 dropped += 1
         return dropped
-
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        while True:
-            await trio.sleep(SWEEP_INTERVAL_S)
-            self.sweep()
 
     def _evict_over_cap(self) -> None:
         while self._bytes > self._max_bytes and self._entries:
