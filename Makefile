@@ -23,6 +23,7 @@ demo: setup
 
 lint: setup
 	$(PY) -m ruff check proxy client_sdk tests bench
+	$(PY) -m ruff format --check proxy client_sdk tests bench
 
 policy-docs: setup
 	$(PY) -m proxy.policy.reference > docs/policy-reference.md

@@ -81,20 +81,45 @@ def wait_ready(admin_url: str, timeout_s: float = 300.0) -> float:
 
 
 def one_run(policy_file: Path, trace: lt.Trace) -> dict:
-    pod_args = ["sim-pod", "--listen", "127.0.0.1:0", "--profile", "llm", "--speed", str(SPEED),
-                "--cold-start-s", str(COLD_START_S), "--cold-penalty", str(COLD_PENALTY),
-                "--cold-penalty-requests", str(COLD_REQUESTS)]
+    pod_args = [
+        "sim-pod",
+        "--listen",
+        "127.0.0.1:0",
+        "--profile",
+        "llm",
+        "--speed",
+        str(SPEED),
+        "--cold-start-s",
+        str(COLD_START_S),
+        "--cold-penalty",
+        str(COLD_PENALTY),
+        "--cold-penalty-requests",
+        str(COLD_REQUESTS),
+    ]
     started = time.monotonic()
     with Proc(pod_args, cpu=1, name="sim-pod") as pod:
-        car_args = ["serve", "--policy", str(policy_file), "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0",
-                    "--upstream", pod.url(), "--log-level", "warning"]
+        car_args = [
+            "serve",
+            "--policy",
+            str(policy_file),
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--upstream",
+            pod.url(),
+            "--log-level",
+            "warning",
+        ]
         with Proc(car_args, cpu=0, name="sidecar") as car:
             ready_at = wait_ready(car.url("admin"))
             at_ready = sim_stats(pod)  # ~1 ms: what the first users will meet
             result = trio.run(lambda: lt.run(trace, lt.Target(car.url(), name="sidecar", timeout_s=60)))
-    return figures(result) | {"ready_after_start_s": ready_at - started,
-                              "pod_cold_multiplier_at_ready": at_ready["cold_multiplier"],
-                              "pod_requests_executed_at_ready": at_ready["requests_executed"]}
+    return figures(result) | {
+        "ready_after_start_s": ready_at - started,
+        "pod_cold_multiplier_at_ready": at_ready["cold_multiplier"],
+        "pod_requests_executed_at_ready": at_ready["requests_executed"],
+    }
 
 
 def sim_stats(pod: Proc) -> dict:
@@ -105,21 +130,32 @@ def figures(result: lt.RunResult) -> dict:
     rows, names = [], result.reasons.names
     for run in result.runs:
         rec = run.records
-        rows += [(rec.intended[i], rec.end[i] - rec.intended[i], rec.status[i], names[rec.reason[i]])
-                 for i in range(len(rec))]
+        rows += [
+            (rec.intended[i], rec.end[i] - rec.intended[i], rec.status[i], names[rec.reason[i]])
+            for i in range(len(rec))
+        ]
     rows.sort()
     t0 = rows[0][0]
     first = rows[:FIRST_N]
     steady = [r for r in rows if r[0] - t0 >= STEADY_FROM_S]
     first_p99, steady_p99 = p99(first), p99(steady)
-    return {"requests": len(rows), "first_n": len(first), "steady_n": len(steady),
-            "first_p50_ms": p50(first), "first_p99_ms": first_p99, "first_max_ms": max(r[1] for r in first) * 1000,
-            "first_non_2xx": sum(not 200 <= r[2] < 300 for r in first), "first_answers": answers(first),
-            "steady_p50_ms": p50(steady), "steady_p99_ms": steady_p99,
-            "steady_non_2xx": sum(not 200 <= r[2] < 300 for r in steady), "steady_answers": answers(steady),
-            "ratio": first_p99 / steady_p99,
-            "first_latencies_ms": [round(r[1] * 1000, 1) for r in first],
-            "first_ok": [200 <= r[2] < 300 for r in first]}
+    return {
+        "requests": len(rows),
+        "first_n": len(first),
+        "steady_n": len(steady),
+        "first_p50_ms": p50(first),
+        "first_p99_ms": first_p99,
+        "first_max_ms": max(r[1] for r in first) * 1000,
+        "first_non_2xx": sum(not 200 <= r[2] < 300 for r in first),
+        "first_answers": answers(first),
+        "steady_p50_ms": p50(steady),
+        "steady_p99_ms": steady_p99,
+        "steady_non_2xx": sum(not 200 <= r[2] < 300 for r in steady),
+        "steady_answers": answers(steady),
+        "ratio": first_p99 / steady_p99,
+        "first_latencies_ms": [round(r[1] * 1000, 1) for r in first],
+        "first_ok": [200 <= r[2] < 300 for r in first],
+    }
 
 
 def answers(rows: list) -> dict[str, int]:
@@ -151,9 +187,14 @@ def plot(runs: dict, path: Path) -> None:
         points = list(enumerate(r["first_latencies_ms"], 1))
         ok = [(i, ms) for (i, ms), good in zip(points, r["first_ok"], strict=True) if good]
         bad = [(i, ms) for (i, ms), good in zip(points, r["first_ok"], strict=True) if not good]
-        ax.plot(*zip(*ok), ".", color=color, label=f"{config.replace('_', ' ')}: p99 {r['first_p99_ms']:.0f} ms")
+        ax.plot(
+            *zip(*ok, strict=False),
+            ".",
+            color=color,
+            label=f"{config.replace('_', ' ')}: p99 {r['first_p99_ms']:.0f} ms",
+        )
         if bad:
-            ax.plot(*zip(*bad), "x", color=color, label=f"{config.replace('_', ' ')}: rejected (non-2xx)")
+            ax.plot(*zip(*bad, strict=False), "x", color=color, label=f"{config.replace('_', ' ')}: rejected (non-2xx)")
         ax.axhline(r["steady_p99_ms"], color=color, linestyle=":", linewidth=1)
     ax.set_yscale("log")
     ax.set_xlabel("user request (send order), from /readyz 200; dotted: steady-state p99")
@@ -180,17 +221,33 @@ def main() -> None:
         trace = lt.build_trace(lt.Plan.sweep([RATE], step_s=duration_s), lt.Mix.parse("short_chat"), seed=rep)
         for config in CONFIGS:  # interleaved: drift hits both alike
             runs[config].append(one_run(policies[config], trace) | {"repeat": rep})
-    summary = {c: {"ratio_median": statistics.median(r["ratio"] for r in rs),
-                   "ratio_min": min(r["ratio"] for r in rs), "ratio_max": max(r["ratio"] for r in rs)}
-               for c, rs in runs.items()}
+    summary = {
+        c: {
+            "ratio_median": statistics.median(r["ratio"] for r in rs),
+            "ratio_min": min(r["ratio"] for r in rs),
+            "ratio_max": max(r["ratio"] for r in rs),
+        }
+        for c, rs in runs.items()
+    }
     plot(runs, out / "first_requests.png")
-    setup = {"speed": SPEED, "cold_start_s": COLD_START_S, "cold_penalty": COLD_PENALTY,
-             "cold_penalty_requests": COLD_REQUESTS, "rate_rps": RATE, "duration_s": duration_s,
-             "first_n": FIRST_N, "steady_from_s": STEADY_FROM_S, "repeats": repeats, "pinning": pinning,
-             "policy": str(EXAMPLE_POLICY.relative_to(EXAMPLE_POLICY.parent.parent)),
-             "loadavg_1m_before": load_before, "loadavg_1m_after": machine()["loadavg_1m"]}
-    targets = [target("first100_p99_over_steady_p99_with_warmup", summary["with_warmup"]["ratio_median"],
-                      "<=", TARGET_RATIO)]
+    setup = {
+        "speed": SPEED,
+        "cold_start_s": COLD_START_S,
+        "cold_penalty": COLD_PENALTY,
+        "cold_penalty_requests": COLD_REQUESTS,
+        "rate_rps": RATE,
+        "duration_s": duration_s,
+        "first_n": FIRST_N,
+        "steady_from_s": STEADY_FROM_S,
+        "repeats": repeats,
+        "pinning": pinning,
+        "policy": str(EXAMPLE_POLICY.relative_to(EXAMPLE_POLICY.parent.parent)),
+        "loadavg_1m_before": load_before,
+        "loadavg_1m_after": machine()["loadavg_1m"],
+    }
+    targets = [
+        target("first100_p99_over_steady_p99_with_warmup", summary["with_warmup"]["ratio_median"], "<=", TARGET_RATIO)
+    ]
     write_result(args, {"setup": setup, "summary": summary, **runs}, targets, markdown(runs, summary, setup))
 
 
@@ -200,29 +257,44 @@ def not_2xx(answers: dict[str, int]) -> str:
 
 
 def markdown(runs: dict, summary: dict, setup: dict) -> str:
-    lines = ["# coldstart", "",
-             (f"Fresh sim pod per run (llm profile, speed {setup['speed']:g}; loads {setup['cold_start_s']:g} s, "
-              f"then its first {setup['cold_penalty_requests']} requests up to {setup['cold_penalty']:g}x slower). "
-              f"Users send short_chat at {setup['rate_rps']:g} req/s (Poisson) from the moment /readyz is 200. "
-              f"Steady state: requests sent {setup['steady_from_s']:g} s or more after the first. "
-              f"Pinning: {setup['pinning']}; "
-              f"load average {setup['loadavg_1m_before']:.2f} before, {setup['loadavg_1m_after']:.2f} after."), "",
-             ("Latencies count from each request's intended send time and include every answer; "
-             "rejections are fast, so they are listed beside the percentiles."), "",
-             ("| config | repeat | ready after start s | pod slowdown at ready | first-100 p50 ms | first-100 p99 ms "
-             "| first-100 max ms | first-100 not 2xx | steady p99 ms | p99 ratio |"),
-             "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    lines = [
+        "# coldstart",
+        "",
+        (
+            f"Fresh sim pod per run (llm profile, speed {setup['speed']:g}; loads {setup['cold_start_s']:g} s, "
+            f"then its first {setup['cold_penalty_requests']} requests up to {setup['cold_penalty']:g}x slower). "
+            f"Users send short_chat at {setup['rate_rps']:g} req/s (Poisson) from the moment /readyz is 200. "
+            f"Steady state: requests sent {setup['steady_from_s']:g} s or more after the first. "
+            f"Pinning: {setup['pinning']}; "
+            f"load average {setup['loadavg_1m_before']:.2f} before, {setup['loadavg_1m_after']:.2f} after."
+        ),
+        "",
+        (
+            "Latencies count from each request's intended send time and include every answer; "
+            "rejections are fast, so they are listed beside the percentiles."
+        ),
+        "",
+        (
+            "| config | repeat | ready after start s | pod slowdown at ready | first-100 p50 ms | first-100 p99 ms "
+            "| first-100 max ms | first-100 not 2xx | steady p99 ms | p99 ratio |"
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
     for config in CONFIGS:
         for r in runs[config]:
-            lines.append(f"| {config} | {r['repeat']} | {r['ready_after_start_s']:.1f} "
-                         f"| {r['pod_cold_multiplier_at_ready']:.1f}x | {r['first_p50_ms']:.0f} "
-                         f"| {r['first_p99_ms']:.0f} | {r['first_max_ms']:.0f} | {not_2xx(r['first_answers'])} "
-                         f"| {r['steady_p99_ms']:.0f} | {r['ratio']:.2f} |")
+            lines.append(
+                f"| {config} | {r['repeat']} | {r['ready_after_start_s']:.1f} "
+                f"| {r['pod_cold_multiplier_at_ready']:.1f}x | {r['first_p50_ms']:.0f} "
+                f"| {r['first_p99_ms']:.0f} | {r['first_max_ms']:.0f} | {not_2xx(r['first_answers'])} "
+                f"| {r['steady_p99_ms']:.0f} | {r['ratio']:.2f} |"
+            )
     lines.append("")
     for config in CONFIGS:
         s = summary[config]
-        lines.append(f"- {config.replace('_', ' ')}: first-100 p99 / steady p99 = {s['ratio_median']:.2f} "
-                     f"(median; min {s['ratio_min']:.2f}, max {s['ratio_max']:.2f})")
+        lines.append(
+            f"- {config.replace('_', ' ')}: first-100 p99 / steady p99 = {s['ratio_median']:.2f} "
+            f"(median; min {s['ratio_min']:.2f}, max {s['ratio_max']:.2f})"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -29,8 +29,14 @@ from pathlib import Path
 from typing import Self
 
 _OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq}
-APT = {"nginx": "nginx", "h2load": "nghttp2-client", "wrk": "wrk", "haproxy": "haproxy",
-       "redis-server": "redis-server", "taskset": "util-linux"}
+APT = {
+    "nginx": "nginx",
+    "h2load": "nghttp2-client",
+    "wrk": "wrk",
+    "haproxy": "haproxy",
+    "redis-server": "redis-server",
+    "taskset": "util-linux",
+}
 
 
 def parse_args(name: str, doc: str, add: object = None) -> argparse.Namespace:
@@ -47,9 +53,13 @@ def parse_args(name: str, doc: str, add: object = None) -> argparse.Namespace:
 
 
 def machine() -> dict:
-    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
 
 
 def target(name: str, value: float | None, op: str, goal: float) -> dict:
@@ -59,8 +69,14 @@ def target(name: str, value: float | None, op: str, goal: float) -> dict:
 
 def write_result(args: argparse.Namespace, runs: dict, targets: list[dict], markdown: str) -> Path:
     out = Path(args.out)
-    doc = {"bench": args.name, "quick": bool(args.quick), "command": args.command, "machine": machine(),
-           "runs": runs, "targets": targets}
+    doc = {
+        "bench": args.name,
+        "quick": bool(args.quick),
+        "command": args.command,
+        "machine": machine(),
+        "runs": runs,
+        "targets": targets,
+    }
     (out / "result.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     lines = [markdown.rstrip(), "", "| target | value | goal | met |", "|---|---:|---|---|"]
     for t in targets:

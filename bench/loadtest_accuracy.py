@@ -54,20 +54,38 @@ def accuracy(args) -> dict:
     with Proc(pod_args, cpu=0, name="sim-pod") as pod:
         targets = [lt.Target(pod.url(), protocol=p, name=f"sim-pod {p}", timeout_s=30) for p in PROTOCOLS]
         results = trio.run(lambda: lt.run_interleaved(trace, targets))
-    out = {"capacity_rps": capacity, "lone_latency_ms": lone_ms, "sla": sla.describe(), "step_s": step_s,
-           "max_lateness_ms": ACCURACY_LATENESS_MS,
-           "warmup_s": warmup_s, "fractions": list(fractions), "protocols": {}}
+    out = {
+        "capacity_rps": capacity,
+        "lone_latency_ms": lone_ms,
+        "sla": sla.describe(),
+        "step_s": step_s,
+        "max_lateness_ms": ACCURACY_LATENESS_MS,
+        "warmup_s": warmup_s,
+        "fractions": list(fractions),
+        "protocols": {},
+    }
     for proto, result in zip(PROTOCOLS, results, strict=True):
         analysis = result.analyze(sla, max_lateness_ms=ACCURACY_LATENESS_MS)
         doc = report.document(result, analysis, command=args.command)
         write_outputs(doc, f"{args.out}/accuracy_{proto}")
         knee = analysis.knee.load
         out["protocols"][proto] = {
-            "knee_rps": knee, "knee_error_pct": None if knee is None else abs(knee - capacity) / capacity * 100,
-            "valid": analysis.valid, "summary": analysis.knee.summary,
-            "steps": [{"load": s.load, "p99_ms": s.overall.latency.p99_ms if s.overall.latency else None,
-                       "achieved_rps": s.overall.achieved_rps, "goodput_rps": s.overall.goodput_rps,
-                       "valid": s.valid, "within_sla": s.verdict.within_sla} for s in analysis.steps]}
+            "knee_rps": knee,
+            "knee_error_pct": None if knee is None else abs(knee - capacity) / capacity * 100,
+            "valid": analysis.valid,
+            "summary": analysis.knee.summary,
+            "steps": [
+                {
+                    "load": s.load,
+                    "p99_ms": s.overall.latency.p99_ms if s.overall.latency else None,
+                    "achieved_rps": s.overall.achieved_rps,
+                    "goodput_rps": s.overall.goodput_rps,
+                    "valid": s.valid,
+                    "within_sla": s.verdict.within_sla,
+                }
+                for s in analysis.steps
+            ],
+        }
     return out
 
 
@@ -79,14 +97,23 @@ def _one_rate(trace, url: str, proto: str) -> dict:
     f = step.overall
     sent = sum(len(r.records) for r in result.runs)
     kept_up = f.achieved_rps >= 0.97 * f.offered_rps
-    return {"rate": step.load, "offered_rps": f.offered_rps, "achieved_rps": f.achieved_rps, "ok": f.ok,
-            "requests": f.requests, "valid": step.valid, "invalid_reasons": list(step.invalid_reasons),
-            "lateness_p99_ms": step.lateness.p99_ms if step.lateness else None,
-            "latency_p50_ms": f.latency.p50_ms if f.latency else None,
-            "latency_p99_ms": f.latency.p99_ms if f.latency else None,
-            "cpu_s": cpu_s, "wall_s": result.wall_s, "cpu_share": cpu_s / result.wall_s,
-            "requests_per_cpu_s": sent / cpu_s if cpu_s else None,
-            "sustained": step.valid and f.ok == f.requests and kept_up}
+    return {
+        "rate": step.load,
+        "offered_rps": f.offered_rps,
+        "achieved_rps": f.achieved_rps,
+        "ok": f.ok,
+        "requests": f.requests,
+        "valid": step.valid,
+        "invalid_reasons": list(step.invalid_reasons),
+        "lateness_p99_ms": step.lateness.p99_ms if step.lateness else None,
+        "latency_p50_ms": f.latency.p50_ms if f.latency else None,
+        "latency_p99_ms": f.latency.p99_ms if f.latency else None,
+        "cpu_s": cpu_s,
+        "wall_s": result.wall_s,
+        "cpu_share": cpu_s / result.wall_s,
+        "requests_per_cpu_s": sent / cpu_s if cpu_s else None,
+        "sustained": step.valid and f.ok == f.requests and kept_up,
+    }
 
 
 def ceiling(args) -> dict:
@@ -116,35 +143,57 @@ def ceiling(args) -> dict:
         cpu = [r["requests_per_cpu_s"] for r in rows if r["requests_per_cpu_s"] and r["rate"] >= 1000]
         out[f"{proto}_ceiling_rps"] = max(clean, default=None)
         out[f"{proto}_best_rps"] = max(sustained, default=None)
-        out[f"{proto}_requests_per_cpu_s"] = {"median": statistics.median(cpu) if cpu else None,
-                                             "min": min(cpu, default=None), "max": max(cpu, default=None)}
+        out[f"{proto}_requests_per_cpu_s"] = {
+            "median": statistics.median(cpu) if cpu else None,
+            "min": min(cpu, default=None),
+            "max": max(cpu, default=None),
+        }
     return out
 
 
 def markdown(acc: dict, ceil: dict, pinning: str) -> str:
-    lines = ["# loadtest_accuracy", "",
-             f"Generator {pinning}; pod and nginx on CPU 0. Machine shared: see loadavg in result.json.", "",
-             (f"## Knee accuracy (fixed profile at speed {SPEED}: capacity {acc['capacity_rps']:g} req/s, "
-             f"lone request {acc['lone_latency_ms']:g} ms, SLA {acc['sla']})"), "",
-             "| protocol | knee req/s | error | valid | summary |", "|---|---:|---:|---|---|"]
+    lines = [
+        "# loadtest_accuracy",
+        "",
+        f"Generator {pinning}; pod and nginx on CPU 0. Machine shared: see loadavg in result.json.",
+        "",
+        (
+            f"## Knee accuracy (fixed profile at speed {SPEED}: capacity {acc['capacity_rps']:g} req/s, "
+            f"lone request {acc['lone_latency_ms']:g} ms, SLA {acc['sla']})"
+        ),
+        "",
+        "| protocol | knee req/s | error | valid | summary |",
+        "|---|---:|---:|---|---|",
+    ]
     for proto, r in acc["protocols"].items():
         err = "-" if r["knee_error_pct"] is None else f"{r['knee_error_pct']:.1f}%"
         lines.append(f"| {proto} | {r['knee_rps']} | {err} | {r['valid']} | {r['summary']} |")
-    lines += ["", "## Generator ceiling against nginx `return 200` (tiny POST, open loop)", "",
-              ("| protocol | rate | repeat | achieved/s | valid | lateness p99 ms | p99 ms | CPU share | req/CPU-s | "
-              "sustained |"), "|---|---:|---:|---:|---|---:|---:|---:|---:|---|"]
+    lines += [
+        "",
+        "## Generator ceiling against nginx `return 200` (tiny POST, open loop)",
+        "",
+        (
+            "| protocol | rate | repeat | achieved/s | valid | lateness p99 ms | p99 ms | CPU share | req/CPU-s | "
+            "sustained |"
+        ),
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
     for proto in PROTOCOLS:
         for r in ceil["protocols"][proto]:
             late = "-" if r["lateness_p99_ms"] is None else f"{r['lateness_p99_ms']:.1f}"
             p99 = "-" if r["latency_p99_ms"] is None else f"{r['latency_p99_ms']:.1f}"
-            lines.append(f"| {proto} | {r['rate']:g} | {r['repeat']} | {r['achieved_rps']:.0f} | {r['valid']} | {late} "
-                         f"| {p99} | {r['cpu_share']:.0%} | {r['requests_per_cpu_s']:.0f} | {r['sustained']} |")
+            lines.append(
+                f"| {proto} | {r['rate']:g} | {r['repeat']} | {r['achieved_rps']:.0f} | {r['valid']} | {late} "
+                f"| {p99} | {r['cpu_share']:.0%} | {r['requests_per_cpu_s']:.0f} | {r['sustained']} |"
+            )
     lines += [""]
     for proto in PROTOCOLS:
         cpu = ceil[f"{proto}_requests_per_cpu_s"]
         med = "-" if cpu["median"] is None else f"{cpu['median']:.0f} (min {cpu['min']:.0f}, max {cpu['max']:.0f})"
-        lines.append(f"- {proto}: ceiling {ceil[f'{proto}_ceiling_rps']} req/s (sustained by most repeats); "
-                     f"requests per generator CPU-second {med}")
+        lines.append(
+            f"- {proto}: ceiling {ceil[f'{proto}_ceiling_rps']} req/s (sustained by most repeats); "
+            f"requests per generator CPU-second {med}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -160,8 +209,9 @@ def main() -> None:
     targets.append(target("ceiling_rps_http1", ceil["http1_ceiling_rps"], ">=", 2000.0))
     cpu = ceil["h2c_requests_per_cpu_s"]["median"]
     targets.append(target("requests_per_cpu_s_h2c", cpu, ">=", 2000.0))
-    out = write_result(args, {"pinning": pinning, "accuracy": acc, "ceiling": ceil}, targets,
-                       markdown(acc, ceil, pinning))
+    out = write_result(
+        args, {"pinning": pinning, "accuracy": acc, "ceiling": ceil}, targets, markdown(acc, ceil, pinning)
+    )
     print((out / "result.md").read_text())
 
 

@@ -111,8 +111,11 @@ class HAProxy:
         self.h1_port, self.h2_port = free_port(), free_port()
         cfg = Path(self.dir) / "haproxy.cfg"
         cfg.write_text(_HAPROXY_CFG.format(h1=self.h1_port, h2=self.h2_port, upstream=upstream_port))
-        self.proc = subprocess.Popen(["taskset", "-c", str(cpu), binary, "-db", "-f", str(cfg)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            ["taskset", "-c", str(cpu), binary, "-db", "-f", str(cfg)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         self.pid = self.proc.pid
         deadline = time.monotonic() + 10
         while not (_listening(self.h1_port) and _listening(self.h2_port)):
@@ -165,16 +168,34 @@ def serve_wire(address: str, upstream_url: str) -> None:
     trio.run(main)
 
 
-
 def h2load(url: str, protocol: str, rate: int | None, seconds: float, cpu: int, log: Path) -> dict:
     """One h2load run; figures from its per-request log."""
     if rate is None:
         pacing = ["-D", f"{seconds:g}"]
     else:  # -r excludes -D: a request count sets the length instead
-        pacing = ["--rps", f"{rate / CLIENTS:g}", "-r", "1", "--rate-period", f"{STAGGER_MS}ms",
-                  "-n", str(int(rate * seconds))]
-    argv = ["taskset", "-c", str(cpu), "h2load", "-c", str(CLIENTS), *PROTOCOLS[protocol], *pacing,
-            "--log-file", str(log), url + "/"]
+        pacing = [
+            "--rps",
+            f"{rate / CLIENTS:g}",
+            "-r",
+            "1",
+            "--rate-period",
+            f"{STAGGER_MS}ms",
+            "-n",
+            str(int(rate * seconds)),
+        ]
+    argv = [
+        "taskset",
+        "-c",
+        str(cpu),
+        "h2load",
+        "-c",
+        str(CLIENTS),
+        *PROTOCOLS[protocol],
+        *pacing,
+        "--log-file",
+        str(log),
+        url + "/",
+    ]
     log.unlink(missing_ok=True)  # h2load appends to an existing log
     out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds * 10 + 60, check=False)
     rows = [line.split("\t") for line in log.read_text().splitlines() if line] if log.exists() else []
@@ -184,9 +205,14 @@ def h2load(url: str, protocol: str, rate: int | None, seconds: float, cpu: int, 
     kept = [r for r in rows if int(r[0]) >= start + WARMUP_S * 1e6] or rows
     lat = sorted(int(r[2]) / 1000 for r in kept)
     span_us = max(int(r[0]) + int(r[2]) for r in kept) - min(int(r[0]) for r in kept)
-    return {"requests": len(rows), "errors": sum(1 for r in rows if not r[1].startswith("2")),
-            "rps": len(kept) / (span_us / 1e6) if span_us > 0 else 0.0,
-            "p50_ms": lat[len(lat) // 2], "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))], "max_ms": lat[-1]}
+    return {
+        "requests": len(rows),
+        "errors": sum(1 for r in rows if not r[1].startswith("2")),
+        "rps": len(kept) / (span_us / 1e6) if span_us > 0 else 0.0,
+        "p50_ms": lat[len(lat) // 2],
+        "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+        "max_ms": lat[-1],
+    }
 
 
 def measure(url: str, pid: int | None, protocol: str, rate: int | None, args, log: Path) -> dict:
@@ -222,15 +248,29 @@ def summarise(raw: dict) -> dict:
 
 
 def markdown(summary: dict, args, load: dict) -> str:
-    others = [c["proxy_core_busy_by_others"]["median"] for r in summary.values() for cs in r.values() for c in cs.values()]
-    setup = (f"{args.repeats} interleaved repeat(s) of {args.seconds:g} s per cell; proxies pinned to CPU "
-             f"{args.proxy_cpu}, h2load + nginx on CPU {args.client_cpu}; h2load -c{CLIENTS} (HTTP/1.1 -m1, h2c "
-             f"-m10). Machine load: load average {load['before']} before, {load['after']} after; the proxy's core "
-             f"was busy with other work {100 * statistics.median(others):.0f}% of the time (median over runs).")
-    legend = ("Medians over repeats. Added = proxy minus direct at the same offered rate, ms. CPU = the proxy's "
-              "CPU time per request, us. `max` = unthrottled.")
-    lines = [f"# bench.overhead ({'quick' if args.quick else 'full'})", "", f"`{args.command}`", "", setup, "",
-             legend, ""]
+    others = [
+        c["proxy_core_busy_by_others"]["median"] for r in summary.values() for cs in r.values() for c in cs.values()
+    ]
+    setup = (
+        f"{args.repeats} interleaved repeat(s) of {args.seconds:g} s per cell; proxies pinned to CPU "
+        f"{args.proxy_cpu}, h2load + nginx on CPU {args.client_cpu}; h2load -c{CLIENTS} (HTTP/1.1 -m1, h2c "
+        f"-m10). Machine load: load average {load['before']} before, {load['after']} after; the proxy's core "
+        f"was busy with other work {100 * statistics.median(others):.0f}% of the time (median over runs)."
+    )
+    legend = (
+        "Medians over repeats. Added = proxy minus direct at the same offered rate, ms. CPU = the proxy's "
+        "CPU time per request, us. `max` = unthrottled."
+    )
+    lines = [
+        f"# bench.overhead ({'quick' if args.quick else 'full'})",
+        "",
+        f"`{args.command}`",
+        "",
+        setup,
+        "",
+        legend,
+        "",
+    ]
     for protocol, by_rate in summary.items():
         header = "| rate | config | achieved req/s | p50 ms | p99 ms | added p50 | added p99 | CPU us/req |"
         lines += [f"## {protocol}", "", header, "|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -269,13 +309,42 @@ def start_proxies(configs: list[str], nginx: Nginx, args, stack: contextlib.Exit
         policy = args.policy or str(tmp / "bench-policy.toml")
         if not args.policy:
             Path(policy).write_text(BENCH_POLICY)
-        rm = stack.enter_context(Proc(["serve", "--policy", policy, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0",
-                                       "--upstream", nginx.h1_url, "--log-level", "warning"],
-                                      cpu=args.proxy_cpu, name="rampmeter"))
+        rm = stack.enter_context(
+            Proc(
+                [
+                    "serve",
+                    "--policy",
+                    policy,
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--admin",
+                    "127.0.0.1:0",
+                    "--upstream",
+                    nginx.h1_url,
+                    "--log-level",
+                    "warning",
+                ],
+                cpu=args.proxy_cpu,
+                name="rampmeter",
+            )
+        )
         urls["rampmeter"] = ({"http1": rm.url(), "h2c": rm.url()}, rm.popen.pid)
     if "wire" in configs:
-        wire = subprocess.Popen(["taskset", "-c", str(args.proxy_cpu), sys.executable, "-m", "bench.overhead",
-                                 "--serve-wire", "127.0.0.1:0", nginx.h1_url], stdout=subprocess.PIPE, text=True)
+        wire = subprocess.Popen(
+            [
+                "taskset",
+                "-c",
+                str(args.proxy_cpu),
+                sys.executable,
+                "-m",
+                "bench.overhead",
+                "--serve-wire",
+                "127.0.0.1:0",
+                nginx.h1_url,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         stack.callback(lambda: (wire.terminate(), wire.wait(10)))
         line = wire.stdout.readline()
         if '"data": "' not in line:
@@ -299,9 +368,11 @@ def main() -> None:
         p.add_argument("--client-cpu", type=int, default=1, help="core for h2load and nginx")
         p.add_argument("--seconds", type=float, default=None, help="per run (default 6, quick 2)")
         p.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 3, quick 1)")
-        p.add_argument("--configs", default="direct,rampmeter,haproxy",
-                       help="comma-separated, from direct,rampmeter,haproxy,wire")
+        p.add_argument(
+            "--configs", default="direct,rampmeter,haproxy", help="comma-separated, from direct,rampmeter,haproxy,wire"
+        )
         p.add_argument("--policy", help="rampmeter policy file (default: BENCH_POLICY, admission never queues)")
+
     args = parse_args("overhead", __doc__, add)
     args.seconds = args.seconds or (2.0 if args.quick else 6.0)
     args.repeats = args.repeats or (1 if args.quick else 3)
@@ -323,15 +394,30 @@ def main() -> None:
                         (by_protocol, pid) = urls[config]
                         fig = measure(by_protocol[protocol], pid, protocol, rate, args, tmp / "run.tsv")
                         raw[protocol][str(rate or "max")][config].append(fig)
-                        print(f"{protocol:5s} {rate or 'max'!s:>5} #{rep} {config:9s} {fig['rps']:7.0f} req/s "
-                              f"p50 {fig['p50_ms']:6.2f} p99 {fig['p99_ms']:6.2f} ms "
-                              f"cpu {fig.get('cpu_us_per_request', 0):5.0f} us/req", flush=True)
+                        print(
+                            f"{protocol:5s} {rate or 'max'!s:>5} #{rep} {config:9s} {fig['rps']:7.0f} req/s "
+                            f"p50 {fig['p50_ms']:6.2f} p99 {fig['p99_ms']:6.2f} ms "
+                            f"cpu {fig.get('cpu_us_per_request', 0):5.0f} us/req",
+                            flush=True,
+                        )
     load["after"] = [round(x, 2) for x in os.getloadavg()]
     summary = summarise(raw)
-    runs = {"summary": summary, "raw": raw, "load_average": load, "policy": args.policy or BENCH_POLICY,
-            "layout": {"proxy_cpu": args.proxy_cpu, "client_cpu": args.client_cpu, "clients": CLIENTS,
-                       "seconds": args.seconds, "repeats": args.repeats, "warmup_s_dropped": WARMUP_S,
-                       "stagger_ms": STAGGER_MS, "machine": machine()}}
+    runs = {
+        "summary": summary,
+        "raw": raw,
+        "load_average": load,
+        "policy": args.policy or BENCH_POLICY,
+        "layout": {
+            "proxy_cpu": args.proxy_cpu,
+            "client_cpu": args.client_cpu,
+            "clients": CLIENTS,
+            "seconds": args.seconds,
+            "repeats": args.repeats,
+            "warmup_s_dropped": WARMUP_S,
+            "stagger_ms": STAGGER_MS,
+            "machine": machine(),
+        },
+    }
     out = write_result(args, runs, targets_of(summary, configs), markdown(summary, args, load))
     print((out / "result.md").read_text())
 

@@ -40,7 +40,6 @@ def serve(address: str) -> None:
     trio.run(main)
 
 
-
 def start_server(cpu: int) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "bench.server_bench", "--serve", "127.0.0.1:0"]
     if shutil.which("taskset"):
@@ -70,9 +69,7 @@ def h2load_figures(out: str) -> tuple[float, int, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--serve", metavar="ADDRESS", help="run the server (used by the benchmark itself)"
-    )
+    parser.add_argument("--serve", metavar="ADDRESS", help="run the server (used by the benchmark itself)")
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--server-cpu", type=int, default=0)
     parser.add_argument("--client-cpu", type=int, default=1)

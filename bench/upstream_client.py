@@ -24,8 +24,14 @@ from proxy.http.upstream_h1 import H1Connection
 from proxy.http.upstream_h2 import H2Connection
 from proxy.policy.schema import Upstream
 
-HEADERS = [(b"host", b"bench"), (b"user-agent", b"rampmeter-bench"), (b"accept", b"*/*"),
-           (b"x-forwarded-for", b"127.0.0.1"), (b"x-forwarded-proto", b"http"), (b"via", b"1.1 rampmeter")]
+HEADERS = [
+    (b"host", b"bench"),
+    (b"user-agent", b"rampmeter-bench"),
+    (b"accept", b"*/*"),
+    (b"x-forwarded-for", b"127.0.0.1"),
+    (b"x-forwarded-proto", b"http"),
+    (b"via", b"1.1 rampmeter"),
+]
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -48,6 +54,7 @@ async def run(args: argparse.Namespace) -> None:
                 async with pool.request(0, b"GET", b"/", HEADERS) as resp:
                     while await resp.receive():
                         pass
+
             async with trio.open_nursery() as workers:
                 for _ in range(args.concurrency):
                     workers.start_soon(timed, send)
@@ -59,11 +66,13 @@ async def run(args: argparse.Namespace) -> None:
                 resp = await conn.send_request(b"GET", b"/", HEADERS)
                 await resp.read()
                 await resp.aclose()
+
             async with trio.open_nursery() as workers:
                 for _ in range(args.concurrency):
                     workers.start_soon(timed, send)
             conn.close()
         else:
+
             async def worker() -> None:
                 conn = await H1Connection.open(host, port)
 
@@ -71,8 +80,10 @@ async def run(args: argparse.Namespace) -> None:
                     resp = await conn.send_request(b"GET", b"/", HEADERS)
                     await resp.read()
                     await resp.aclose()
+
                 await timed(send)
                 conn.close()
+
             async with trio.open_nursery() as workers:
                 for _ in range(args.concurrency):
                     workers.start_soon(worker)
@@ -80,9 +91,11 @@ async def run(args: argparse.Namespace) -> None:
     latencies.sort()
     n = len(latencies)
     # On a shared machine wall-clock req/s depends on the neighbours; CPU per request does not.
-    print(f"{args.mode} {args.protocol} c={args.concurrency}: {n / args.seconds:,.0f} req/s wall, "
-          f"{cpu / n * 1e6:.0f} us CPU/request = {n / cpu:,.0f} req/s per core, "
-          f"p50 {latencies[n // 2] * 1e3:.2f} ms, p99 {latencies[int(n * 0.99)] * 1e3:.2f} ms ({n} requests)")
+    print(
+        f"{args.mode} {args.protocol} c={args.concurrency}: {n / args.seconds:,.0f} req/s wall, "
+        f"{cpu / n * 1e6:.0f} us CPU/request = {n / cpu:,.0f} req/s per core, "
+        f"p50 {latencies[n // 2] * 1e3:.2f} ms, p99 {latencies[int(n * 0.99)] * 1e3:.2f} ms ({n} requests)"
+    )
 
 
 async def _pool_task(upstream: Upstream, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -44,10 +44,8 @@ class RetryBudget:
         "ratio",
     )
 
-    def __init__(
-        self, ratio: float = 0.1, floor_per_s: float = 10.0, max_tokens: float = 10.0
-    ) -> None:
-        if not (0 <= ratio and 0 <= floor_per_s and 1 <= max_tokens):
+    def __init__(self, ratio: float = 0.1, floor_per_s: float = 10.0, max_tokens: float = 10.0) -> None:
+        if not (ratio >= 0 and floor_per_s >= 0 and max_tokens >= 1):
             raise ValueError("need ratio >= 0, floor_per_s >= 0 and max_tokens >= 1")
         self.ratio = ratio
         self.floor_per_s = floor_per_s
@@ -60,9 +58,7 @@ class RetryBudget:
 
     def _refill(self, now: float) -> None:
         if self._last is not None and now > self._last:
-            self._tokens = min(
-                self.max_tokens, self._tokens + self.floor_per_s * (now - self._last)
-            )
+            self._tokens = min(self.max_tokens, self._tokens + self.floor_per_s * (now - self._last))
         # A clock that steps back (it should not: monotonic) refills nothing.
         if self._last is None or now > self._last:
             self._last = now

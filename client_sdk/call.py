@@ -67,17 +67,12 @@ class Call:
         self.stop: Stop | None = None
 
     def __repr__(self) -> str:
-        return (
-            f"<Call #{self.id} {self.method} {self.host} "
-            f"attempts={self.attempts} signal={self.signal.value}>"
-        )
+        return f"<Call #{self.id} {self.method} {self.host} attempts={self.attempts} signal={self.signal.value}>"
 
     def attempt_timeouts(self, timeout_s: float) -> dict[str, float]:
         """httpx's per-phase timeouts for one attempt: the caller's, capped at `timeout_s`."""
         return {
-            kind: timeout_s
-            if self.base_timeout.get(kind) is None
-            else min(timeout_s, self.base_timeout[kind])
+            kind: timeout_s if self.base_timeout.get(kind) is None else min(timeout_s, self.base_timeout[kind])
             for kind in _TIMEOUT_KINDS
         }
 

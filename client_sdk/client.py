@@ -172,9 +172,7 @@ class AsyncClient:
         **kwargs: Any,
     ) -> None:
         """As `Client`, with `AsyncResilientTransport` and an async `sleep`."""
-        sdk = {
-            name: kwargs.pop(name) for name in AsyncResilientTransport.SDK_KWARGS if name in kwargs
-        }
+        sdk = {name: kwargs.pop(name) for name in AsyncResilientTransport.SDK_KWARGS if name in kwargs}
         inner = transport if transport is not None else httpx.AsyncHTTPTransport(**_split(kwargs))
         self.transport = AsyncResilientTransport(inner, config, **sdk)
         self._wall_clock = self.transport.engine.wall_clock

@@ -71,9 +71,7 @@ class Engine:
         hooks: Hooks | None = None,
     ) -> None:
         self.config = config or RetryConfig()
-        self.backoff = Backoff(
-            self.config.backoff_base_s, self.config.backoff_cap_s, self.config.backoff_multiplier
-        )
+        self.backoff = Backoff(self.config.backoff_base_s, self.config.backoff_cap_s, self.config.backoff_multiplier)
         self.clock = clock
         self.rng = rng or random.Random()
         self.wall_clock = wall_clock
@@ -102,12 +100,8 @@ class Engine:
             raise ThrottledLocally(host, admission.probability, request=request)
         for name, value in opts.headers():
             request.headers.setdefault(name, value)
-        keyed = ensure_idempotency_key(
-            request, opts, self.config.auto_idempotency_key, self.key_factory
-        )
-        budget_s = (
-            opts.deadline_s or signals.caller_timeout_s(request.headers) or self.config.deadline_s
-        )
+        keyed = ensure_idempotency_key(request, opts, self.config.auto_idempotency_key, self.key_factory)
+        budget_s = opts.deadline_s or signals.caller_timeout_s(request.headers) or self.config.deadline_s
         deadline = now + budget_s if budget_s is not None else None
         return Call(next(self._ids), host, request, deadline, keyed, now)
 
@@ -133,16 +127,16 @@ class Engine:
         if timeout is not None:
             request.extensions["timeout"] = call.attempt_timeouts(timeout)
             caller_read = call.base_timeout.get("read")
-            if hint == timeout and (remaining is None or hint < remaining) and (
-                caller_read is None or hint < caller_read
+            if (
+                hint == timeout
+                and (remaining is None or hint < remaining)
+                and (caller_read is None or hint < caller_read)
             ):
                 call.hint_s = hint  # the hint, not the deadline or the caller, cuts this attempt
         self.hooks.on_attempt(AttemptInfo(call.id, call.host, call.method, call.attempts, timeout))
         return remaining
 
-    def after_attempt(
-        self, call: Call, response: httpx.Response | None, exc: BaseException | None
-    ) -> None:
+    def after_attempt(self, call: Call, response: httpx.Response | None, exc: BaseException | None) -> None:
         if response is not None:
             call.signal = signals.classify_response(response.status_code, response.headers)
             # Only an outcome that may be retried needs its Retry-After (saves header scans).
@@ -152,9 +146,7 @@ class Engine:
             call.floor_s = floor or 0.0
             hint = signals.timeout_hint_s(response.headers)
         else:
-            call.signal = (
-                signals.classify_exception(exc) if exc is not None else Signal.LOCAL_FAILURE
-            )
+            call.signal = signals.classify_exception(exc) if exc is not None else Signal.LOCAL_FAILURE
             call.floor_s = 0.0
             hint = None
         now = self.clock()
@@ -177,15 +169,9 @@ class Engine:
 
     def retry(self, rs: tenacity.RetryCallState) -> bool:
         call: Call = rs.args[0]
-        if (
-            rs.outcome is not None
-            and rs.outcome.failed
-            and not isinstance(rs.outcome.exception(), Exception)
-        ):
+        if rs.outcome is not None and rs.outcome.failed and not isinstance(rs.outcome.exception(), Exception):
             return False  # cancellation, KeyboardInterrupt: never retried
-        return may_retry(
-            call.signal, method=call.method, keyed=call.keyed, replayable=call.replayable
-        )
+        return may_retry(call.signal, method=call.method, keyed=call.keyed, replayable=call.replayable)
 
     def wait(self, rs: tenacity.RetryCallState) -> float:
         call: Call = rs.args[0]
@@ -213,9 +199,7 @@ class Engine:
     def retrying(self, rs: tenacity.RetryCallState) -> None:
         """tenacity `before_sleep=` (via the shells, which also close the response)."""
         call: Call = rs.args[0]
-        self.hooks.on_retry(
-            RetryInfo(call.id, call.host, call.attempts, call.signal.value, rs.upcoming_sleep)
-        )
+        self.hooks.on_retry(RetryInfo(call.id, call.host, call.attempts, call.signal.value, rs.upcoming_sleep))
 
     def give_up(self, rs: tenacity.RetryCallState) -> httpx.Response:
         """tenacity `retry_error_callback=`: a retryable outcome we stopped retrying."""
@@ -240,9 +224,7 @@ class Engine:
             ) from exc
         raise exc
 
-    def finish(
-        self, call: Call, response: httpx.Response | None, exc: BaseException | None
-    ) -> None:
+    def finish(self, call: Call, response: httpx.Response | None, exc: BaseException | None) -> None:
         outcome = str(response.status_code) if response is not None else type(exc).__name__
         summary = CallSummary(
             call.id,

@@ -67,9 +67,7 @@ class Overloaded(Rejected):
 class DeadlineExceeded(RampmeterClientError, httpx.TimeoutException):
     """The call's total deadline passed (locally, or the sidecar said deadline_expired)."""
 
-    def __init__(
-        self, message: str, *, request: httpx.Request | None = None, attempts: int = 0
-    ) -> None:
+    def __init__(self, message: str, *, request: httpx.Request | None = None, attempts: int = 0) -> None:
         httpx.TimeoutException.__init__(self, message, request=request)
         self.attempts = attempts
 
@@ -96,9 +94,7 @@ class RetryBudgetExhausted(RampmeterClientError, httpx.TransportError):
 class ThrottledLocally(RampmeterClientError, httpx.TransportError):
     """Refused before sending: the server has been rejecting most recent requests."""
 
-    def __init__(
-        self, host: str, probability: float, *, request: httpx.Request | None = None
-    ) -> None:
+    def __init__(self, host: str, probability: float, *, request: httpx.Request | None = None) -> None:
         httpx.TransportError.__init__(
             self,
             f"{host}: refused locally (adaptive throttle, p={probability:.2f}): "

@@ -82,9 +82,7 @@ class LoggingHooks(Hooks):
         self.logger = logger or logging.getLogger("client_sdk")
 
     def on_retry(self, info: RetryInfo) -> None:
-        self.logger.info(
-            "retry %s #%d after %s in %.3fs", info.host, info.attempt, info.signal, info.wait_s
-        )
+        self.logger.info("retry %s #%d after %s in %.3fs", info.host, info.attempt, info.signal, info.wait_s)
 
     def on_call(self, summary: CallSummary) -> None:
         if summary.stop is not None:

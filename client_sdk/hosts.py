@@ -42,9 +42,7 @@ class HostState:
     __slots__ = ("budget", "throttle", "timeout_hint_s")
 
     def __init__(self, config: RetryConfig) -> None:
-        self.budget = RetryBudget(
-            config.budget_ratio, config.budget_floor_per_s, config.budget_max_tokens
-        )
+        self.budget = RetryBudget(config.budget_ratio, config.budget_floor_per_s, config.budget_max_tokens)
         self.throttle = AdaptiveThrottle(config.throttle_k, config.throttle_window_s)
         self.timeout_hint_s: float | None = None
 

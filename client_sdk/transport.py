@@ -51,9 +51,7 @@ def _engine(
 ) -> Engine:
     if engine is not None:
         return engine
-    return Engine(
-        config, clock=clock, rng=rng, wall_clock=wall_clock, key_factory=key_factory, hooks=hooks
-    )
+    return Engine(config, clock=clock, rng=rng, wall_clock=wall_clock, key_factory=key_factory, hooks=hooks)
 
 
 class ResilientTransport(httpx.BaseTransport):

@@ -130,7 +130,9 @@ class App:
         while True:
             for i in range(len(self.policy.upstreams)):
                 self.scheduler.set_capacity_factor(i, self.lifecycles.limit_factor(i))
-            pressure = [x for x in (self.gpu.memory_fraction(), self.upstream_metrics.kv_cache_fraction()) if x is not None]
+            pressure = [
+                x for x in (self.gpu.memory_fraction(), self.upstream_metrics.kv_cache_fraction()) if x is not None
+            ]
             self.gate.gpu_memory_fraction = max(pressure, default=0.0)
             if self.lifecycles.ready:
                 await trio.sleep(SIGNAL_INTERVAL_S)

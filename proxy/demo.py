@@ -39,11 +39,15 @@ def summary(figures: dict) -> list[str]:
     mean_f, mean_s = fcfs["all"]["mean_ms"], sjf["all"]["mean_ms"]
     lines = []
     if short_f and short_s:
-        lines.append(f"short requests' p99: {short_f:.0f} ms under FCFS, {short_s:.0f} ms under SJF+aging "
-                     f"({short_f / short_s:.1f}x lower): they no longer wait behind long generations")
+        lines.append(
+            f"short requests' p99: {short_f:.0f} ms under FCFS, {short_s:.0f} ms under SJF+aging "
+            f"({short_f / short_s:.1f}x lower): they no longer wait behind long generations"
+        )
     if long_f and long_s:
-        lines.append(f"long requests' p99: {long_f:.0f} ms -> {long_s:.0f} ms ({long_s / long_f:.2f}x): "
-                     "the price of going second, bounded by aging")
+        lines.append(
+            f"long requests' p99: {long_f:.0f} ms -> {long_s:.0f} ms ({long_s / long_f:.2f}x): "
+            "the price of going second, bounded by aging"
+        )
     if mean_f and mean_s:
         lines.append(f"mean latency: {mean_f:.0f} ms -> {mean_s:.0f} ms ({(1 - mean_s / mean_f) * 100:.0f}% lower)")
     return lines

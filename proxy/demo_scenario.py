@@ -46,21 +46,44 @@ def demo_profile(speed: float = SPEED, stop_mean_tokens: float = STOP_MEAN_TOKEN
 
 
 def pod_argv(profile: Profile, seed: int) -> list[str]:
-    return ["sim-pod", "--listen", "127.0.0.1:0", "--profile", profile.name, "--speed", f"{profile.speed:g}",
-            "--stop-mean-tokens", f"{profile.stop_mean_tokens:g}", "--seed", str(seed)]
+    return [
+        "sim-pod",
+        "--listen",
+        "127.0.0.1:0",
+        "--profile",
+        profile.name,
+        "--speed",
+        f"{profile.speed:g}",
+        "--stop-mean-tokens",
+        f"{profile.stop_mean_tokens:g}",
+        "--seed",
+        str(seed),
+    ]
 
 
 @contextlib.contextmanager
-def sidecars(pod_url: str, policies: dict[str, str], policy_dir: str | Path, cpu: int | None = None
-             ) -> Iterator[dict[str, Proc]]:
+def sidecars(
+    pod_url: str, policies: dict[str, str], policy_dir: str | Path, cpu: int | None = None
+) -> Iterator[dict[str, Proc]]:
     """One `rampmeter serve` per policy text, in front of `pod_url`, each ready (/readyz 200) when yielded."""
     with contextlib.ExitStack() as stack:
         procs = {}
         for name, text in policies.items():
             path = Path(policy_dir) / f"policy-{name}.toml"
             path.write_text(text)
-            argv = ["serve", "--policy", str(path), "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0",
-                    "--upstream", pod_url, "--log-level", "warning"]
+            argv = [
+                "serve",
+                "--policy",
+                str(path),
+                "--listen",
+                "127.0.0.1:0",
+                "--admin",
+                "127.0.0.1:0",
+                "--upstream",
+                pod_url,
+                "--log-level",
+                "warning",
+            ]
             procs[name] = stack.enter_context(Proc(argv, cpu=cpu, name=f"sidecar-{name}"))
         for proc in procs.values():
             wait_for(lambda p=proc: _ok(p.url("admin") + "/readyz"), timeout_s=20)
@@ -74,8 +97,9 @@ def _ok(url: str) -> bool:
         return False
 
 
-def measure_capacity(pod_url: str, mix: lt.Mix, profile: Profile, seed: int, users: list[int], step_s: float,
-                     warmup_s: float) -> list[dict]:
+def measure_capacity(
+    pod_url: str, mix: lt.Mix, profile: Profile, seed: int, users: list[int], step_s: float, warmup_s: float
+) -> list[dict]:
     """Closed loop straight at the pod, one run per concurrency: what it delivers there.
 
     Throughput is read from the pod's own output-token counter over the measured
@@ -90,9 +114,15 @@ def measure_capacity(pod_url: str, mix: lt.Mix, profile: Profile, seed: int, use
         trace = lt.build_trace(plan, mix, seed=seed)
         tokens, result = trio.run(_counted_run, pod_url, trace, warmup_s, step_s)
         step = result.analyze(lt.SLA()).steps[0]
-        rows.append({"users": n, "capacity_rps": tokens / (step_s - warmup_s) / per_request,
-                     "output_tokens_per_s": tokens / (step_s - warmup_s), "completed_rps": step.overall.achieved_rps,
-                     "p50_ms": step.overall.latency.p50_ms if step.overall.latency else None})
+        rows.append(
+            {
+                "users": n,
+                "capacity_rps": tokens / (step_s - warmup_s) / per_request,
+                "output_tokens_per_s": tokens / (step_s - warmup_s),
+                "completed_rps": step.overall.achieved_rps,
+                "p50_ms": step.overall.latency.p50_ms if step.overall.latency else None,
+            }
+        )
     return rows
 
 
@@ -138,22 +168,34 @@ async def _interleave(pairs: list[tuple[lt.Trace, lt.Target]], after_step=None) 
     return merged  # type: ignore[return-value]
 
 
-def compare(targets: dict[str, str], mixes: dict[str, lt.Mix], loads: list[float], step_s: float,
-            warmup_s: float, seed: int, timeout_s: float = 120.0, after_step=None) -> dict[str, lt.RunResult]:
+def compare(
+    targets: dict[str, str],
+    mixes: dict[str, lt.Mix],
+    loads: list[float],
+    step_s: float,
+    warmup_s: float,
+    seed: int,
+    timeout_s: float = 120.0,
+    after_step=None,
+) -> dict[str, lt.RunResult]:
     """Replay one seeded open-loop Poisson trace per load at every target, interleaved step by step."""
     plan = lt.Plan.sweep(loads, step_s=step_s, warmup_s=warmup_s)
     traces = {name: lt.build_trace(plan, mixes[name], seed=seed) for name in targets}
     first = next(iter(traces.values()))
     for t in traces.values():  # the hints must not change who arrives when
-        assert all(a.offsets == b.offsets and a.choices == b.choices for a, b in zip(t.steps, first.steps))
+        assert all(
+            a.offsets == b.offsets and a.choices == b.choices for a, b in zip(t.steps, first.steps, strict=False)
+        )
     pairs = [(traces[n], lt.Target(url, name=n, timeout_s=timeout_s)) for n, url in targets.items()]
     return dict(zip(targets, trio.run(_interleave, pairs, after_step), strict=True))
 
 
 def table(figures: dict[str, list[dict]], step: int) -> str:
     """Markdown table of one load level: per configuration, per-class mean/p50/p99 and goodput."""
-    head = ("| configuration | short mean | short p50 | short p99 | long mean | long p50 | long p99 | all mean "
-            "| goodput short/long/all (req/s) |")
+    head = (
+        "| configuration | short mean | short p50 | short p99 | long mean | long p50 | long p99 | all mean "
+        "| goodput short/long/all (req/s) |"
+    )
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name, steps in figures.items():
         s = steps[step]
@@ -192,8 +234,14 @@ def _lines(ax, figures: dict[str, list[dict]], cls: str) -> None:
     for i, (name, steps) in enumerate(figures.items()):
         xs = [s["load"] for s in steps]
         for key, style in (("p99_ms", "-"), ("p50_ms", "--")):
-            ax.plot(xs, [s[cls][key] for s in steps], style, marker="o", color=f"C{i}",
-                    label=f"{_TITLES.get(name, name)} {key[:3]}")
+            ax.plot(
+                xs,
+                [s[cls][key] for s in steps],
+                style,
+                marker="o",
+                color=f"C{i}",
+                label=f"{_TITLES.get(name, name)} {key[:3]}",
+            )
     ax.set_title(f"{cls}: p50 (dashed), p99 (solid)")
     ax.set_xlabel("offered load (req/s)")
 
@@ -202,15 +250,32 @@ def _bars(ax, figures: dict[str, list[dict]], cls: str) -> None:
     names = list(figures)
     for k, (key, hatch) in enumerate((("p50_ms", ""), ("p99_ms", "//"))):
         xs = [i + (k - 0.5) * 0.38 for i in range(len(names))]
-        ax.bar(xs, [figures[n][0][cls][key] or 0 for n in names], width=0.36, hatch=hatch,
-               color=[f"C{i}" for i in range(len(names))], edgecolor="black", label=key[:3])
+        ax.bar(
+            xs,
+            [figures[n][0][cls][key] or 0 for n in names],
+            width=0.36,
+            hatch=hatch,
+            color=[f"C{i}" for i in range(len(names))],
+            edgecolor="black",
+            label=key[:3],
+        )
     ax.set_xticks(range(len(names)), [_TITLES.get(n, n) for n in names], fontsize=8)
     ax.set_title(f"{cls}: p50 (plain), p99 (hatched)")
 
 
-def run_demo(pod_url: str | None = None, fcfs_url: str | None = None, sjf_url: str | None = None, *,
-             out_dir: str | Path = "demo-out", seconds: float = 25.0, load: float = 0.9, limit: int = DEMO_LIMIT,
-             capacity_s: float = 10.0, seed: int = 1, echo=print) -> dict:
+def run_demo(
+    pod_url: str | None = None,
+    fcfs_url: str | None = None,
+    sjf_url: str | None = None,
+    *,
+    out_dir: str | Path = "demo-out",
+    seconds: float = 25.0,
+    load: float = 0.9,
+    limit: int = DEMO_LIMIT,
+    capacity_s: float = 10.0,
+    seed: int = 1,
+    echo=print,
+) -> dict:
     """The side-by-side demo (see the module doc); returns {"load_rps", "capacity_rps", "limit", "figures"}.
 
     `figures[config][0][cls]` holds mean_ms, p50_ms, p99_ms, goodput_rps for cls in short_chat, long_chat,
@@ -234,17 +299,21 @@ def run_demo(pod_url: str | None = None, fcfs_url: str | None = None, sjf_url: s
             procs = stack.enter_context(sidecars(pod_url, missing, tmp))
             urls |= {n: p.url() for n, p in procs.items()}
         echo(f"measuring the pod's capacity ({CAPACITY_USERS} requests at once, {capacity_s:g} s) ...")
-        capacity = measure_capacity(pod_url, mix, profile, seed, [CAPACITY_USERS], step_s=capacity_s,
-                                    warmup_s=min(3.0, capacity_s / 3))[0]["capacity_rps"]
+        capacity = measure_capacity(
+            pod_url, mix, profile, seed, [CAPACITY_USERS], step_s=capacity_s, warmup_s=min(3.0, capacity_s / 3)
+        )[0]["capacity_rps"]
         rate = round(load * capacity, 1)
         echo(f"  {capacity:.1f} req/s; replaying {rate} req/s ({load:g}x) for {seconds:g} s per configuration")
         targets = {"direct": pod_url, **urls}
-        results = compare(targets, dict.fromkeys(targets, mix), [rate], step_s=seconds,
-                          warmup_s=min(5.0, seconds / 5), seed=seed)
+        results = compare(
+            targets, dict.fromkeys(targets, mix), [rate], step_s=seconds, warmup_s=min(5.0, seconds / 5), seed=seed
+        )
     sla = sc.sla_ms(profile)
     figures = {n: sc.class_figures(r, sla) for n, r in results.items()}
-    echo(f"\nshort chat SLA {sla[sc.SHORT]:.0f} ms, long chat SLA {sla[sc.LONG]:.0f} ms; "
-         f"limit {limit} for both sidecars\n" + table(figures, 0))
+    echo(
+        f"\nshort chat SLA {sla[sc.SHORT]:.0f} ms, long chat SLA {sla[sc.LONG]:.0f} ms; "
+        f"limit {limit} for both sidecars\n" + table(figures, 0)
+    )
     plot(figures, sla, out / "scheduling.png", f"{rate} req/s ({load:g}x capacity), limit {limit}")
     echo(f"plot: {out / 'scheduling.png'}")
     return {"load_rps": rate, "capacity_rps": capacity, "limit": limit, "figures": figures}

@@ -25,9 +25,15 @@ log = logging.getLogger("rampmeter")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--policy", metavar="FILE", help="policy TOML file (watched and reloaded live); default: embedded defaults")
-    parser.add_argument("--listen", metavar="HOST:PORT", help="data listener, overrides listen.address (default 0.0.0.0:8080)")
-    parser.add_argument("--admin", metavar="HOST:PORT", help="admin listener, overrides admin.address (default 127.0.0.1:9090)")
+    parser.add_argument(
+        "--policy", metavar="FILE", help="policy TOML file (watched and reloaded live); default: embedded defaults"
+    )
+    parser.add_argument(
+        "--listen", metavar="HOST:PORT", help="data listener, overrides listen.address (default 0.0.0.0:8080)"
+    )
+    parser.add_argument(
+        "--admin", metavar="HOST:PORT", help="admin listener, overrides admin.address (default 127.0.0.1:9090)"
+    )
     parser.add_argument(
         "--upstream",
         metavar="URL",
@@ -35,7 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="model server base URL, repeatable; replaces [[upstreams]] (default http://127.0.0.1:8000)",
     )
     parser.add_argument(
-        "--upstream-protocol", choices=("http1", "h2c"), default=None, help="protocol for --upstream URLs (default http1)"
+        "--upstream-protocol",
+        choices=("http1", "h2c"),
+        default=None,
+        help="protocol for --upstream URLs (default http1)",
     )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 

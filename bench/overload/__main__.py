@@ -44,15 +44,27 @@ def _ready(url: str) -> bool:
 
 
 def _sidecar(config: str, pod_url: str) -> Proc:
-    argv = ["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--upstream", pod_url,
-            "--policy", POLICIES[config], "--log-level", "warning"]
+    argv = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--upstream",
+        pod_url,
+        "--policy",
+        POLICIES[config],
+        "--log-level",
+        "warning",
+    ]
     proc = Proc(argv, cpu=0, name=f"sidecar-{config}")
     wait_for(lambda: _ready(proc.url("admin") + "/readyz"), timeout_s=30)
     return proc
 
 
-def measure(configs: tuple[str, ...], loads_x: tuple[float, ...], capacity: float,
-            timing: Timing) -> tuple[dict, dict | None]:
+def measure(
+    configs: tuple[str, ...], loads_x: tuple[float, ...], capacity: float, timing: Timing
+) -> tuple[dict, dict | None]:
     """Every (step, configuration), interleaved; then the latency controls. Returns (runs, controls)."""
     traces = class_traces(loads_x, capacity, timing)
     runs: dict[str, list[dict]] = {c: [] for c in configs}
@@ -69,9 +81,12 @@ def measure(configs: tuple[str, ...], loads_x: tuple[float, ...], capacity: floa
                 url, admin = (pod.url, None) if proc is None else (proc.url(), proc.url("admin"))
                 raw = trio.run(run_step, url, admin, pod.url, {k: t.subset([i]) for k, t in traces.items()}, timing)
                 runs[config].append(fig := step_figures(raw, load))
-                print(f"bench.overload: {config:>14} {load:g}x offered {fig['offered_rps']:.1f} goodput "
-                      f"{fig['goodput_rps']:.1f} wasted {fmt_pct(fig['wasted_fraction'])} shed p99 "
-                      f"{fmt_ms(fig['shed']['p99_ms'])} ms expired fwd {fig['tap']['expired']}", file=sys.stderr)
+                print(
+                    f"bench.overload: {config:>14} {load:g}x offered {fig['offered_rps']:.1f} goodput "
+                    f"{fig['goodput_rps']:.1f} wasted {fmt_pct(fig['wasted_fraction'])} shed p99 "
+                    f"{fmt_ms(fig['shed']['p99_ms'])} ms expired fwd {fig['tap']['expired']}",
+                    file=sys.stderr,
+                )
         if "full" in procs:
             control = trio.run(controls, pod.url, procs["full"].url(), min(timing.measured_s, 10.0))
     finally:
@@ -85,15 +100,20 @@ def _options(p) -> None:
     p.add_argument("--loads", help="comma-separated multiples of capacity (default 0.5,1,1.5,2,2.5; --quick 1,2)")
     p.add_argument("--configs", default=",".join(CONFIGS), help="which of direct,admission_only,full to run")
     p.add_argument("--full-policy", default=POLICIES["full"], help="policy file of the full configuration")
-    p.add_argument("--admission-only-policy", default=POLICIES["admission_only"],
-                   help="policy file of the admission-only configuration")
+    p.add_argument(
+        "--admission-only-policy",
+        default=POLICIES["admission_only"],
+        help="policy file of the admission-only configuration",
+    )
 
 
 def main() -> int:
     args = parse_args(NAME, DOC, _options)
     POLICIES.update(full=args.full_policy, admission_only=args.admission_only_policy)
     configs = tuple(c for c in CONFIGS if c in args.configs.split(","))
-    loads_x = tuple(float(x) for x in args.loads.split(",")) if args.loads else QUICK_LOADS if args.quick else FULL_LOADS
+    loads_x = (
+        tuple(float(x) for x in args.loads.split(",")) if args.loads else QUICK_LOADS if args.quick else FULL_LOADS
+    )
     timing = Timing(2.0, 6.0) if args.quick else Timing(5.0, 15.0)
     pinning = "sidecars on CPU 0, pod and load generator " + pin(1).replace("pinned to", "on")
     capacity = capacity_rps()
@@ -104,9 +124,17 @@ def main() -> int:
     targets, peak = targets_for(runs)
     meta = {"pinning": pinning, "loadavg": ", ".join(f"{x:.2f}" for x in os.getloadavg()), "controls": control}
     plot(runs, peak, capacity, Path(args.out) / "goodput.png")
-    doc = {"capacity_rps": capacity, "peak_goodput_rps_up_to_target_load": peak, "loads_x": list(loads_x),
-           "timing": dataclasses.asdict(timing), "profile": dataclasses.asdict(POD_PROFILE),
-           "mix": lt.Mix(SHAPES).describe(), "policies": dict(POLICIES), **meta, "configs": runs}
+    doc = {
+        "capacity_rps": capacity,
+        "peak_goodput_rps_up_to_target_load": peak,
+        "loads_x": list(loads_x),
+        "timing": dataclasses.asdict(timing),
+        "profile": dataclasses.asdict(POD_PROFILE),
+        "mix": lt.Mix(SHAPES).describe(),
+        "policies": dict(POLICIES),
+        **meta,
+        "configs": runs,
+    }
     out = write_result(args, doc, targets, markdown(runs, peak, capacity, meta))
     print((out / "result.md").read_text())
     return 0

@@ -29,9 +29,17 @@ def step_figures(step: dict, load_x: float) -> dict:
     for klass, result in step["results"].items():
         a = result.analyze(lt.SLA()).steps[0]
         f = a.overall
-        classes[klass] = {"offered_rps": f.offered_rps, "goodput_rps": f.goodput_rps, "requests": f.requests,
-                          "ok": f.ok, "good": f.good, "status": f.status, "reasons": f.reasons, "errors": f.errors,
-                          "sender_lateness_p99_ms": a.lateness.p99_ms if a.lateness else None}
+        classes[klass] = {
+            "offered_rps": f.offered_rps,
+            "goodput_rps": f.goodput_rps,
+            "requests": f.requests,
+            "ok": f.ok,
+            "good": f.good,
+            "status": f.status,
+            "reasons": f.reasons,
+            "errors": f.errors,
+            "sender_lateness_p99_ms": a.lateness.p99_ms if a.lateness else None,
+        }
         invalid += [f"{klass}: {r}" for r in a.invalid_reasons]
         run, names = result.runs[0], result.reasons.names
         rec = run.records
@@ -46,15 +54,36 @@ def step_figures(step: dict, load_x: float) -> dict:
         "offered_rps": sum(c["offered_rps"] for c in classes.values()),
         "goodput_rps": sum(c["goodput_rps"] for c in classes.values()),
         "by_class": classes,
-        "valid": not invalid, "invalid_reasons": invalid,
-        "shed": {"count": len(shed_s), "p50_ms": shed and shed.p50_ms, "p99_ms": shed and shed.p99_ms,
-                 "max_ms": shed and shed.max_ms, "wire_p99_ms": wire and wire.p99_ms},
+        "valid": not invalid,
+        "invalid_reasons": invalid,
+        "shed": {
+            "count": len(shed_s),
+            "p50_ms": shed and shed.p50_ms,
+            "p99_ms": shed and shed.p99_ms,
+            "max_ms": shed and shed.max_ms,
+            "wire_p99_ms": wire and wire.p99_ms,
+        },
         # Of the engine time settled in the window (work still running at its end is in neither part).
         "wasted_fraction": pod["wasted_s"] / settled if (settled := pod["useful_s"] + pod["wasted_s"]) else 0.0,
-        "pod": {k: pod[k] for k in ("busy_s", "useful_s", "wasted_s", "wasted_client_gone_s", "wasted_deadline_s",
-                                    "in_progress_s", "requests_submitted", "requests_executed", "requests_completed",
-                                    "requests_late", "requests_cancelled_running", "requests_cancelled_waiting",
-                                    "loop_late_steps", "loop_lag_s")},
+        "pod": {
+            k: pod[k]
+            for k in (
+                "busy_s",
+                "useful_s",
+                "wasted_s",
+                "wasted_client_gone_s",
+                "wasted_deadline_s",
+                "in_progress_s",
+                "requests_submitted",
+                "requests_executed",
+                "requests_completed",
+                "requests_late",
+                "requests_cancelled_running",
+                "requests_cancelled_waiting",
+                "loop_late_steps",
+                "loop_lag_s",
+            )
+        },
         "tap": step["tap"],
         "sidecar": step["sidecar"],
     }
@@ -92,16 +121,20 @@ def markdown(runs: dict, peak: float, capacity: float, meta: dict) -> str:
     lines = [
         "# bench/overload",
         "",
-        (f"Simulated pod: llm profile, speed {POD_PROFILE.speed:g}, {POD_PROFILE.max_num_seqs} sequences a batch; "
-         f"computed capacity for the mix {capacity:.1f} req/s. Clients: 75% interactive (2 s deadline), 25% batch "
-         f"(10 s), open loop, each giving up at its deadline. Peak goodput up to {TARGET_LOAD:g}x: {peak:.1f} "
-         f"req/s; over every load: {peak_up_to(runs, float('inf')):.1f} req/s (\"of peak\": of the best goodput "
-         f"at that load or below). "
-         f"{meta['pinning']}; load average {meta['loadavg']}."),
+        (
+            f"Simulated pod: llm profile, speed {POD_PROFILE.speed:g}, {POD_PROFILE.max_num_seqs} sequences a batch; "
+            f"computed capacity for the mix {capacity:.1f} req/s. Clients: 75% interactive (2 s deadline), 25% batch "
+            f"(10 s), open loop, each giving up at its deadline. Peak goodput up to {TARGET_LOAD:g}x: {peak:.1f} "
+            f'req/s; over every load: {peak_up_to(runs, float("inf")):.1f} req/s ("of peak": of the best goodput '
+            f"at that load or below). "
+            f"{meta['pinning']}; load average {meta['loadavg']}."
+        ),
         "",
-        ("| config | load | offered req/s | goodput req/s | of peak | interactive good | batch good "
-         "| wasted engine time | shed answers | shed p99 ms (wire) | 504 expired | client timeouts | expired fwd "
-         "| doomed fwd |"),
+        (
+            "| config | load | offered req/s | goodput req/s | of peak | interactive good | batch good "
+            "| wasted engine time | shed answers | shed p99 ms (wire) | 504 expired | client timeouts | expired fwd "
+            "| doomed fwd |"
+        ),
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for load in sorted({s["load_x"] for steps in runs.values() for s in steps}):
@@ -118,18 +151,30 @@ def markdown(runs: dict, peak: float, capacity: float, meta: dict) -> str:
                 f"{c['interactive']['good']}/{c['interactive']['requests']} | {c['batch']['good']}/{c['batch']['requests']} | "
                 f"{fmt_pct(s['wasted_fraction'])} | {s['shed']['count']} | {fmt_ms(s['shed']['p99_ms'])} "
                 f"({fmt_ms(s['shed']['wire_p99_ms'])}) | {expired} | "
-                f"{timeouts} | {s['tap']['expired']} | {s['tap']['doomed']} |")
+                f"{timeouts} | {s['tap']['expired']} | {s['tap']['doomed']} |"
+            )
     if not all(s["valid"] for steps in runs.values() for s in steps):
         lines += ["", "(!) the generator fell behind its schedule in that run (see result.json invalid_reasons)."]
-    lines += ["", ("shed p99: intended send -> answer for the sidecar's 503/429 at arrival (on the wire, sent -> "
-                   "answer, in brackets). expired fwd / doomed fwd: requests that reached the pod with no budget left "
-                   "/ with less budget than their own uncontended service time (the pod's tap)."), ""]
+    lines += [
+        "",
+        (
+            "shed p99: intended send -> answer for the sidecar's 503/429 at arrival (on the wire, sent -> "
+            "answer, in brackets). expired fwd / doomed fwd: requests that reached the pod with no budget left "
+            "/ with less budget than their own uncontended service time (the pod's tap)."
+        ),
+        "",
+    ]
     control = meta.get("controls")
     if control:
         idle, floor = control["shed_idle"], control["generator_floor"]
-        lines += [(f"Controls at {idle['rps']:g} req/s: shed answers with the pod idle p50 {fmt_ms(idle['p50_ms'])} "
-                   f"ms, p99 {fmt_ms(idle['p99_ms'])} ms; the generator alone against the pod's 404 (no work) p50 "
-                   f"{fmt_ms(floor['p50_ms'])} ms, p99 {fmt_ms(floor['p99_ms'])} ms."), ""]
+        lines += [
+            (
+                f"Controls at {idle['rps']:g} req/s: shed answers with the pod idle p50 {fmt_ms(idle['p50_ms'])} "
+                f"ms, p99 {fmt_ms(idle['p99_ms'])} ms; the generator alone against the pod's 404 (no work) p50 "
+                f"{fmt_ms(floor['p50_ms'])} ms, p99 {fmt_ms(floor['p99_ms'])} ms."
+            ),
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -149,8 +194,11 @@ def plot(runs: dict, peak: float, capacity: float, path: Path) -> None:
     ax.plot([0, top], [0, top], ls=":", c="grey", label="offered")
     ax.axvline(capacity, ls="--", c="grey", lw=1)
     ax.axhline(0.9 * peak, ls="--", c="green", lw=1, label=f"90% of peak goodput up to {TARGET_LOAD:g}x")
-    ax.set(xlabel="offered load, req/s (dashed: capacity)", ylabel="goodput, req/s (2xx within deadline)",
-           title="Goodput vs offered load")
+    ax.set(
+        xlabel="offered load, req/s (dashed: capacity)",
+        ylabel="goodput, req/s (2xx within deadline)",
+        title="Goodput vs offered load",
+    )
     ax2.axhline(5, ls="--", c="green", lw=1, label="5% target")
     ax2.set(xlabel="offered load, req/s", ylabel="% of engine time", title="Wasted engine work")
     for a in (ax, ax2):
@@ -159,5 +207,3 @@ def plot(runs: dict, peak: float, capacity: float, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-

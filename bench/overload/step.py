@@ -77,17 +77,21 @@ async def _counters(client: httpx.AsyncClient, pod_url: str, admin: str | None, 
     if reset:
         await _json(client, "POST", pod_url + "/sim/reset-stats")
         await _json(client, "POST", pod_url + "/bench/tap")
-    return {"pod": await _json(client, "GET", pod_url + "/sim/stats"),
-            "tap": await _json(client, "GET", pod_url + "/bench/tap"),
-            "sidecar": None if admin is None else await _json(client, "GET", admin + "/admin/stats")}
+    return {
+        "pod": await _json(client, "GET", pod_url + "/sim/stats"),
+        "tap": await _json(client, "GET", pod_url + "/bench/tap"),
+        "sidecar": None if admin is None else await _json(client, "GET", admin + "/admin/stats"),
+    }
 
 
 async def run_step(url: str, admin: str | None, pod_url: str, traces: dict[str, lt.Trace], timing: Timing) -> dict:
     """Both classes' traces at `url`, side by side; the pod's, tap's and sidecar's counters over the window."""
     results: dict[str, lt.RunResult] = {}
     window: dict[str, dict] = {}
-    runners = {k: lt.Runner(t, lt.Target(url, name=k, timeout_s=t.mix.shapes[0].deadline_ms / 1000), precise=True)
-               for k, t in traces.items()}
+    runners = {
+        k: lt.Runner(t, lt.Target(url, name=k, timeout_s=t.mix.shapes[0].deadline_ms / 1000), precise=True)
+        for k, t in traces.items()
+    }
     async with httpx.AsyncClient(timeout=10) as client:
         await idle_pod(client, pod_url)
 
@@ -111,8 +115,12 @@ async def run_step(url: str, admin: str | None, pod_url: str, traces: dict[str, 
         for run in result.runs:  # the analysis window is [warm-up, duration): end it where the cool-down starts
             run.duration_s = timing.warmup_s + timing.measured_s
     end = window["end"]
-    return {"results": results, "pod": end["pod"], "tap": end["tap"],
-            "sidecar": _sidecar_delta(window["start"]["sidecar"], end["sidecar"])}
+    return {
+        "results": results,
+        "pod": end["pod"],
+        "tap": end["tap"],
+        "sidecar": _sidecar_delta(window["start"]["sidecar"], end["sidecar"]),
+    }
 
 
 def _sidecar_delta(before: dict | None, after: dict | None) -> dict | None:
@@ -121,11 +129,14 @@ def _sidecar_delta(before: dict | None, after: dict | None) -> dict | None:
     b, a = before["admission"]["counts"], after["admission"]["counts"]
     rejected = {k: v - b["rejected"].get(k, 0) for k, v in a["rejected"].items()}
     shed_before = before["shedding"]["shed"]
-    return {"admitted": a["admitted"] - b["admitted"], "expired_in_queue": a["expired"] - b["expired"],
-            "abandoned_in_queue": a["abandoned"] - b["abandoned"],
-            "rejected": {k: v for k, v in rejected.items() if v},
-            "shed": {k: v - shed_before.get(k, 0) for k, v in after["shedding"]["shed"].items()},
-            "codel": after["shedding"]["codel"]}
+    return {
+        "admitted": a["admitted"] - b["admitted"],
+        "expired_in_queue": a["expired"] - b["expired"],
+        "abandoned_in_queue": a["abandoned"] - b["abandoned"],
+        "rejected": {k: v for k, v in rejected.items() if v},
+        "shed": {k: v - shed_before.get(k, 0) for k, v in after["shedding"]["shed"].items()},
+        "codel": after["shedding"]["codel"],
+    }
 
 
 def wire_summary(result: lt.RunResult) -> lt.Summary | None:
@@ -144,6 +155,11 @@ async def controls(pod_url: str, full_url: str, seconds: float) -> dict:
         result = await lt.run(trace, lt.Target(url, name=name, timeout_s=2), precise=True)
         f = result.analyze(lt.SLA()).steps[0].overall
         wire = wire_summary(result)
-        out[name] = {"rps": CONTROL_RPS, "status": f.status, "p50_ms": f.latency and f.latency.p50_ms,
-                     "p99_ms": f.latency and f.latency.p99_ms, "wire_p99_ms": wire and wire.p99_ms}
+        out[name] = {
+            "rps": CONTROL_RPS,
+            "status": f.status,
+            "p50_ms": f.latency and f.latency.p50_ms,
+            "p99_ms": f.latency and f.latency.p99_ms,
+            "wire_p99_ms": wire and wire.p99_ms,
+        }
     return out

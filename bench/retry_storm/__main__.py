@@ -43,9 +43,18 @@ FULL = Timeline(warmup_s=5.0, before_s=10.0, fault_s=10.0, after_s=20.0)
 QUICK = Timeline(warmup_s=2.0, before_s=5.0, fault_s=10.0, after_s=8.0)  # the same 10 s fault
 MAX_LATENESS_S = 0.25  # a quarter of the naive timeout: past it a run is flagged "behind"
 TARGETS = {"amplification": 1.15, "recovery_s": 3.0}
-KEYS = ("amplification", "during_amplification", "goodput_before", "goodput_during", "goodput_after",
-        "goodput_last", "recovery_s", "pod_executions_per_call", "lateness_p99_s",
-        "p99_before_s")
+KEYS = (
+    "amplification",
+    "during_amplification",
+    "goodput_before",
+    "goodput_during",
+    "goodput_after",
+    "goodput_last",
+    "recovery_s",
+    "pod_executions_per_call",
+    "lateness_p99_s",
+    "p99_before_s",
+)
 
 
 def figures(calls, recorder, facts, timeline: Timeline) -> dict:
@@ -64,10 +73,13 @@ def measure(spec: RunSpec, timeline: Timeline, trace, cpus) -> dict:
     shape = trace.mix.shapes[0]
     calls, recorder, facts = run(spec, POD, timeline, trace.steps[0].offsets, shape.path, shape.body, cpus)
     fig = figures(calls, recorder, facts, timeline)
-    print(f"  {spec.label:14s} attempts/call {fig['amplification']:.2f}  goodput before "
-          f"{fig['goodput_before']:.1f} during {fig['goodput_during']:.1f} last {fig['goodput_last']:.1f}  "
-          f"recovery {report._f(fig['recovery_s'], 1)}  sender p99 late {1000 * fig['lateness_p99_s']:.0f} ms"
-          f"{'' if fig['valid'] else ' (behind)'}", flush=True)
+    print(
+        f"  {spec.label:14s} attempts/call {fig['amplification']:.2f}  goodput before "
+        f"{fig['goodput_before']:.1f} during {fig['goodput_during']:.1f} last {fig['goodput_last']:.1f}  "
+        f"recovery {report._f(fig['recovery_s'], 1)}  sender p99 late {1000 * fig['lateness_p99_s']:.0f} ms"
+        f"{'' if fig['valid'] else ' (behind)'}",
+        flush=True,
+    )
     return fig
 
 
@@ -81,9 +93,13 @@ def summarise(raw: dict[str, list[dict]]) -> dict:
     out = {}
     for label, reps in raw.items():
         all_values = {k: [r[k] for r in reps] for k in KEYS}
-        out[label] = {"population": reps[0]["spec"]["population"], "sidecar": reps[0]["spec"]["sidecar"],
-                      "median": {k: _median(v) for k, v in all_values.items()}, "all": all_values,
-                      "valid": all(r["valid"] for r in reps)}
+        out[label] = {
+            "population": reps[0]["spec"]["population"],
+            "sidecar": reps[0]["spec"]["sidecar"],
+            "median": {k: _median(v) for k, v in all_values.items()},
+            "all": all_values,
+            "valid": all(r["valid"] for r in reps),
+        }
     return out
 
 
@@ -93,6 +109,7 @@ def main() -> None:
         p.add_argument("--seed", type=int, default=1, help="seed of the arrival trace")
         p.add_argument("--populations", default=",".join(POPULATIONS), help="comma-separated subset")
         p.add_argument("--no-pin", action="store_true", help="leave every process unpinned")
+
     args = parse_args("retry_storm", __doc__, add)
     args.repeats = args.repeats or (1 if args.quick else 3)
     timeline = QUICK if args.quick else FULL
@@ -113,11 +130,16 @@ def main() -> None:
     summary = summarise(raw)
     setup = {
         "pod": f"`sim-pod {' '.join(POD.args())}`, capacity {POD.capacity_rps:g} req/s, "
-               f"{POD.service_s * 1000:g} ms a request",
-        "rate_rps": rate, "load_fraction": LOAD_FRACTION, "slowdown": timeline.slowdown, "sla_s": SLA_S,
+        f"{POD.service_s * 1000:g} ms a request",
+        "rate_rps": rate,
+        "load_fraction": LOAD_FRACTION,
+        "slowdown": timeline.slowdown,
+        "sla_s": SLA_S,
         "timeline": f"{timeline.warmup_s:g} s warm-up (not measured), {timeline.before_s:g} s before, "
-                    f"{timeline.fault_s:g} s fault, {timeline.after_s:g} s after",
-        "repeats": args.repeats, "pinning": pinning, "mix": "short_chat (POST /v1/chat/completions)",
+        f"{timeline.fault_s:g} s fault, {timeline.after_s:g} s after",
+        "repeats": args.repeats,
+        "pinning": pinning,
+        "mix": "short_chat (POST /v1/chat/completions)",
         "populations": {name: cls.describe for name, cls in POPULATIONS.items()},
         "wall_s": time.monotonic() - started,
     }
@@ -127,14 +149,14 @@ def main() -> None:
         if label in summary:
             where = "with_sidecar" if sidecar else "without_sidecar"
             m = summary[label]["median"]
-            targets.append(target(f"sdk_attempts_per_call_{where}", m["amplification"], "<=",
-                                  TARGETS["amplification"]))
+            targets.append(target(f"sdk_attempts_per_call_{where}", m["amplification"], "<=", TARGETS["amplification"]))
             targets.append(target(f"sdk_recovery_s_{where}", m["recovery_s"], "<=", TARGETS["recovery_s"]))
     runs = {"setup": setup, "load_average": load, "summary": summary, "raw": raw}
     out = write_result(args, runs, targets, report.markdown(args, setup, summary, load))
     for population in {s.population for s in specs}:
-        report.plot(out, population, {s.sidecar: raw[s.label][0] for s in specs if s.population == population},
-                    timeline.fault_s)
+        report.plot(
+            out, population, {s.sidecar: raw[s.label][0] for s in specs if s.population == population}, timeline.fault_s
+        )
     print((out / "result.md").read_text())
 
 

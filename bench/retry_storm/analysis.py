@@ -45,9 +45,14 @@ def _phase(calls: list[Call], start: float, end: float) -> dict:
     attempts = sum(c.attempts for c in inside)
     latencies = sorted(c.end - c.intended for c in inside if c.end is not None)
     p99 = latencies[int(0.99 * (len(latencies) - 1))] if latencies else None
-    return {"calls": n, "offered_rps": n / span, "goodput_rps": n_good / span,
-            "success_ratio": n_good / n if n else None, "amplification": attempts / n if n else None,
-            "p99_latency_s": p99}
+    return {
+        "calls": n,
+        "offered_rps": n / span,
+        "goodput_rps": n_good / span,
+        "success_ratio": n_good / n if n else None,
+        "amplification": attempts / n if n else None,
+        "p99_latency_s": p99,
+    }
 
 
 def _series(calls: list[Call], attempt_times, total_s: float) -> dict:
@@ -61,9 +66,13 @@ def _series(calls: list[Call], attempt_times, total_s: float) -> dict:
         if 0 <= t < bins * BIN_S:
             attempts[int(t / BIN_S)] += 1
     per_s = 1.0 / BIN_S
-    return {"bin_s": BIN_S, "t": [i * BIN_S for i in range(bins)],
-            "offered_rps": [x * per_s for x in offered], "goodput_rps": [x * per_s for x in goodput],
-            "attempts_rps": [x * per_s for x in attempts]}
+    return {
+        "bin_s": BIN_S,
+        "t": [i * BIN_S for i in range(bins)],
+        "offered_rps": [x * per_s for x in offered],
+        "goodput_rps": [x * per_s for x in goodput],
+        "attempts_rps": [x * per_s for x in attempts],
+    }
 
 
 def recovery_s(calls: list[Call], fault_end: float, run_end: float, baseline: float | None) -> float | None:

@@ -144,9 +144,7 @@ class Sdk:
     async def call(self, call: Call) -> None:
         _current.set(call)  # this task's own context: hooks find their call here
         try:
-            response = await self.client.post(
-                self.path, content=self.body, headers=HEADERS, deadline_s=SDK_DEADLINE_S
-            )
+            response = await self.client.post(self.path, content=self.body, headers=HEADERS, deadline_s=SDK_DEADLINE_S)
             outcome = str(response.status_code)
         except client_sdk.Rejected as exc:
             outcome = f"{exc.status} {exc.reason}"
@@ -161,9 +159,14 @@ class Sdk:
 
     def statistics(self) -> dict:
         s = self.client.statistics()
-        return {"calls": s.calls, "attempts": s.attempts, "retries": s.retries,
-                "throttled_locally": s.throttled_locally, "gave_up": s.gave_up,
-                "hosts": {h: dataclasses.asdict(v) for h, v in s.hosts.items()}}
+        return {
+            "calls": s.calls,
+            "attempts": s.attempts,
+            "retries": s.retries,
+            "throttled_locally": s.throttled_locally,
+            "gave_up": s.gave_up,
+            "hosts": {h: dataclasses.asdict(v) for h, v in s.hosts.items()},
+        }
 
     async def aclose(self) -> None:
         await self.client.aclose()

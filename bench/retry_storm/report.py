@@ -34,18 +34,26 @@ def _span(values: list[float | None], digits: int = 2) -> str:
 
 def markdown(args, setup: dict, summary: dict, load: dict) -> str:
     lines = [
-        f"# bench.retry_storm ({'quick' if args.quick else 'full'})", "",
-        f"`{args.command}`", "",
-        (f"Simulated pod: {setup['pod']}. Offered load {setup['rate_rps']:.1f} req/s "
-         f"({setup['load_fraction']:.0%} of capacity), Poisson, the same seeded trace for every run. "
-         f"Timeline: {setup['timeline']}. Fault: every engine step {setup['slowdown']:g}x slower "
-         f"(POST /sim/faults). Good = 2xx within {setup['sla_s']:g} s of the intended send time. "
-         f"{setup['repeats']} repeat(s), medians (min-max). Load average before {load['before']}, "
-         f"after {load['after']}. {setup['pinning']}."), "",
-        "Populations: " + "; ".join(f"**{k}**: {v}" for k, v in setup["populations"].items()) + ".", "",
-        ("| population | sidecar | p99 before ms | attempts per call (run) | during fault "
-         "| goodput before | during | after | last 5 s | recovery s | pod executions per call "
-         "| sender p99 late ms |"),
+        f"# bench.retry_storm ({'quick' if args.quick else 'full'})",
+        "",
+        f"`{args.command}`",
+        "",
+        (
+            f"Simulated pod: {setup['pod']}. Offered load {setup['rate_rps']:.1f} req/s "
+            f"({setup['load_fraction']:.0%} of capacity), Poisson, the same seeded trace for every run. "
+            f"Timeline: {setup['timeline']}. Fault: every engine step {setup['slowdown']:g}x slower "
+            f"(POST /sim/faults). Good = 2xx within {setup['sla_s']:g} s of the intended send time. "
+            f"{setup['repeats']} repeat(s), medians (min-max). Load average before {load['before']}, "
+            f"after {load['after']}. {setup['pinning']}."
+        ),
+        "",
+        "Populations: " + "; ".join(f"**{k}**: {v}" for k, v in setup["populations"].items()) + ".",
+        "",
+        (
+            "| population | sidecar | p99 before ms | attempts per call (run) | during fault "
+            "| goodput before | during | after | last 5 s | recovery s | pod executions per call "
+            "| sender p99 late ms |"
+        ),
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in summary.values():
@@ -63,14 +71,18 @@ def markdown(args, setup: dict, summary: dict, load: dict) -> str:
             f"{1000 * m['lateness_p99_s']:.0f}{'' if s['valid'] else ' (behind)'}",
         ]
         lines.append(f"| {s['population']} | {'yes' if s['sidecar'] else 'no'} | " + " | ".join(cells) + " |")
-    lines += ["", (
-        "p99 before: latency of the calls issued before the fault (intended send to end, retries "
-        "included). Goodput in req/s, by phase of the intended send time. Recovery: seconds from the "
-        "fault's end until requests are again served at >= 90% of the pre-fault success ratio (over "
-        "a 2 s window); \"never\": not within the run. Pod executions per call: requests the pod "
-        "started, per logical request (the work the GPU did, retries included). Sender lateness: how "
-        "late the generator released calls (p99; over 250 ms the run is flagged \"behind\": its "
-        "figures include the client's own delay). Plots: one PNG per population.")]
+    lines += [
+        "",
+        (
+            "p99 before: latency of the calls issued before the fault (intended send to end, retries "
+            "included). Goodput in req/s, by phase of the intended send time. Recovery: seconds from the "
+            "fault's end until requests are again served at >= 90% of the pre-fault success ratio (over "
+            'a 2 s window); "never": not within the run. Pod executions per call: requests the pod '
+            "started, per logical request (the work the GPU did, retries included). Sender lateness: how "
+            'late the generator released calls (p99; over 250 ms the run is flagged "behind": its '
+            "figures include the client's own delay). Plots: one PNG per population."
+        ),
+    ]
     return "\n".join(lines)
 
 
@@ -89,8 +101,14 @@ def plot(out: Path, population: str, runs: dict[bool, dict], fault_s: float) -> 
         ax.plot(series["t"], series["goodput_rps"], color="tab:green", label="goodput (good calls/s)")
         recovery = figures["recovery_s"]
         recovered = "never recovered" if recovery is None else f"recovery {recovery:.1f} s"
-        ax.text(0.01, 0.95, f"attempts per call {figures['amplification']:.2f}, {recovered}",
-                transform=ax.transAxes, va="top", fontsize=9)
+        ax.text(
+            0.01,
+            0.95,
+            f"attempts per call {figures['amplification']:.2f}, {recovered}",
+            transform=ax.transAxes,
+            va="top",
+            fontsize=9,
+        )
         ax.set_ylabel("per second")
         ax.grid(alpha=0.3)
     axes[0].legend(loc="upper right", fontsize=8)

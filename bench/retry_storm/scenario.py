@@ -43,8 +43,16 @@ class PodShape:
     step_ms: float = 20.0
 
     def args(self) -> list[str]:
-        return ["--profile", "fixed", "--max-num-seqs", str(self.slots), "--fixed-steps", str(self.steps),
-                "--base-ms", f"{self.step_ms:g}"]
+        return [
+            "--profile",
+            "fixed",
+            "--max-num-seqs",
+            str(self.slots),
+            "--fixed-steps",
+            str(self.steps),
+            "--base-ms",
+            f"{self.step_ms:g}",
+        ]
 
     @property
     def capacity_rps(self) -> float:
@@ -96,8 +104,19 @@ def processes(spec: RunSpec, pod: PodShape, cpus: dict[str, int | None]):
         if not spec.sidecar:
             yield p.url(), p.url(), None, {"pod": p.popen.pid}
             return
-        argv = ["serve", "--policy", str(POLICY), "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0",
-                "--upstream", p.url(), "--log-level", "warning"]
+        argv = [
+            "serve",
+            "--policy",
+            str(POLICY),
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--upstream",
+            p.url(),
+            "--log-level",
+            "warning",
+        ]
         with Proc(argv, cpu=cpus["sidecar"], name="rampmeter") as rm:
             admin = rm.url("admin")
             wait_for(lambda: _status(admin + "/readyz") == 200, timeout_s=20)
@@ -121,8 +140,9 @@ async def _inject(pod_url: str, timeline: Timeline, recorder: Recorder, out: dic
         out["fault_at"] = (sent + recorder.now()) / 2  # the pod took it between these
 
 
-async def drive(spec: RunSpec, url: str, pod_url: str, offsets, path: str, body: bytes,
-                timeline: Timeline) -> tuple[list[Call], Recorder, dict]:
+async def drive(
+    spec: RunSpec, url: str, pod_url: str, offsets, path: str, body: bytes, timeline: Timeline
+) -> tuple[list[Call], Recorder, dict]:
     """Release every call at its intended time; returns the calls, attempt times and facts."""
     recorder = Recorder(trio.current_time() + 0.2)
     population = POPULATIONS[spec.population](url, path, body, recorder)
@@ -153,7 +173,6 @@ async def drive(spec: RunSpec, url: str, pod_url: str, offsets, path: str, body:
     return calls, recorder, facts
 
 
-
 def _own_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -161,9 +180,19 @@ def _own_cpu_s() -> float:
 
 def read_pod(pod_url: str) -> dict:
     stats = httpx.get(pod_url + "/sim/stats", timeout=5.0).json()
-    keep = ("requests_submitted", "requests_executed", "requests_completed", "requests_cancelled",
-            "requests_cancelled_waiting", "requests_cancelled_running", "busy_s", "useful_s", "wasted_s",
-            "loop_late_steps", "loop_lag_s")
+    keep = (
+        "requests_submitted",
+        "requests_executed",
+        "requests_completed",
+        "requests_cancelled",
+        "requests_cancelled_waiting",
+        "requests_cancelled_running",
+        "busy_s",
+        "useful_s",
+        "wasted_s",
+        "loop_late_steps",
+        "loop_lag_s",
+    )
     return {k: stats[k] for k in keep}
 
 
@@ -180,8 +209,9 @@ def read_rejections(admin_url: str | None) -> dict[str, float]:
     return out
 
 
-def run(spec: RunSpec, pod: PodShape, timeline: Timeline, offsets, path: str, body: bytes,
-        cpus: dict[str, int | None]) -> tuple[list[Call], Recorder, dict]:
+def run(
+    spec: RunSpec, pod: PodShape, timeline: Timeline, offsets, path: str, body: bytes, cpus: dict[str, int | None]
+) -> tuple[list[Call], Recorder, dict]:
     with processes(spec, pod, cpus) as (url, pod_url, admin, pids):
         before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         before["client"] = _own_cpu_s()

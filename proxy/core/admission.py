@@ -71,9 +71,7 @@ Check = Callable[["AdmissionController", Ticket, float], "Reject | None"]
 _NOTHING_OBSERVED = Observed()
 MAX_RHO = 0.95  # the largest share of capacity higher classes are taken to need (a 20x stretch)
 # A ticket that would have to queue but cannot afford any wait (now >= its expiry time).
-_NO_TIME_TO_WAIT = Reject(
-    Reason.DEADLINE_UNMEETABLE, None, "the deadline leaves no time to wait for a slot"
-)
+_NO_TIME_TO_WAIT = Reject(Reason.DEADLINE_UNMEETABLE, None, "the deadline leaves no time to wait for a slot")
 
 
 class AdmissionController:
@@ -133,9 +131,7 @@ class AdmissionController:
         tenant: bytes = b"",
     ) -> Ticket:
         """A ticket with its expected service time from the route's learned model."""
-        expected = self.models.expected_ms(
-            cost.route, cost.prompt_tokens, cost.output_tokens, float(cost.units)
-        )
+        expected = self.models.expected_ms(cost.route, cost.prompt_tokens, cost.output_tokens, float(cost.units))
         return Ticket(next(self._ticket_ids), klass, cost, expected, deadline, budget_ms, tenant)
 
     def arrive(self, ticket: Ticket, now: float) -> Admit | Enqueue | Reject:
@@ -144,9 +140,7 @@ class AdmissionController:
         if line.get(ticket.id) is not None:
             raise ValueError(f"ticket {ticket.id} is already queued")
         if ticket.deadline is not None and now >= ticket.deadline:
-            return self._reject(
-                Reject(Reason.DEADLINE_EXPIRED, None, "the deadline passed before admission")
-            )
+            return self._reject(Reject(Reason.DEADLINE_EXPIRED, None, "the deadline passed before admission"))
         for check in self.checks:
             verdict = check(self, ticket, now)
             if verdict is not None:
@@ -281,13 +275,9 @@ class AdmissionController:
         return 1 if self._unit_requests else max(1, ticket.cost.units)
 
     def _place(self, ticket: Ticket, now: float, reserve_only: bool) -> tuple[int, int] | None:
-        return self.capacity.place(
-            ticket.klass, self._units(ticket), now, self.balancer, reserve_only
-        )
+        return self.capacity.place(ticket.klass, self._units(ticket), now, self.balancer, reserve_only)
 
-    def _admit(
-        self, ticket: Ticket, placed: tuple[int, int], now: float, enqueued_at: float
-    ) -> Admit:
+    def _admit(self, ticket: Ticket, placed: tuple[int, int], now: float, enqueued_at: float) -> Admit:
         i, charge = placed
         lease = Lease(next(self._lease_ids), ticket, i, charge, now, (now - enqueued_at) * 1000.0)
         self.capacity.take(i, ticket.klass, charge)
@@ -315,9 +305,7 @@ class AdmissionController:
                     break
                 placed = self._place(t, now, reserve_only=blocked)
                 if placed is None:
-                    blocked = (
-                        True  # hold the general pool for it: later candidates use reservations only
-                    )
+                    blocked = True  # hold the general pool for it: later candidates use reservations only
                     continue
                 if weighted_pick:
                     line.commit(t.klass)
@@ -364,9 +352,7 @@ class AdmissionController:
         )
         self._configure_capacity(policy, old)
         if old is None or old.scheduling.drain_window_s != sched.drain_window_s:
-            self._drain, self._arrivals, self._leaves = (
-                DecayedRate(sched.drain_window_s) for _ in range(3)
-            )
+            self._drain, self._arrivals, self._leaves = (DecayedRate(sched.drain_window_s) for _ in range(3))
             self._work_in = {}
         if len(policy.upstreams) == self.upstream_count:
             self.balancer.set_cooldowns(_cooldowns(policy, self.upstream_count))
@@ -383,15 +369,12 @@ class AdmissionController:
         if previous is not None:
             cap.factors = list(previous.factors)
         self._charges = cap.recount(
-            (lz.id, lz.upstream, lz.ticket.klass, self._units(lz.ticket))
-            for lz in self._leases.values()
+            (lz.id, lz.upstream, lz.ticket.klass, self._units(lz.ticket)) for lz in self._leases.values()
         )
 
     # --- what deadlines and shedding read ---------------------------------
 
-    def expected_wait_ms(
-        self, klass: str, expected_ms: float, now: float, exclude: Entry | None = None
-    ) -> float:
+    def expected_wait_ms(self, klass: str, expected_ms: float, now: float, exclude: Entry | None = None) -> float:
         """Queue wait a would-be arrival of `klass` and `expected_ms` faces (fluid estimate).
 
         0 when it would be placed at once; else the waiting work served before it
@@ -399,9 +382,7 @@ class AdmissionController:
         residual), over the requests in flight (the parallelism that drains it).
         """
         nobody_waits = not len(self.waitline) or (exclude is not None and len(self.waitline) == 1)
-        if nobody_waits and any(
-            self.capacity.fits(i, klass, 1) is not None for i in range(len(self.capacity))
-        ):
+        if nobody_waits and any(self.capacity.fits(i, klass, 1) is not None for i in range(len(self.capacity))):
             return 0.0
         ahead = self.waitline.work_ahead_ms(klass, expected_ms, exclude)
         wait = (ahead + self._inflight_expected_ms / 2.0) / max(1, sum(self.capacity.requests))
@@ -425,16 +406,15 @@ class AdmissionController:
         if self.policy.scheduling.class_mode != "strict" or klass not in classes:
             return 1.0
         mine = classes[klass].priority
-        work_ms_per_s = sum(rate.rate(now) for name, rate in self._work_in.items()
-                            if name in classes and classes[name].priority < mine)
+        work_ms_per_s = sum(
+            rate.rate(now) for name, rate in self._work_in.items() if name in classes and classes[name].priority < mine
+        )
         if not work_ms_per_s:
             return 1.0
         rho = min(MAX_RHO, work_ms_per_s / 1000.0 / max(1, sum(self.capacity.requests)))
         return 1.0 / (1.0 - rho)
 
-    def load_snapshot(
-        self, now: float, ranked: tuple[str, ...], gpu_memory_fraction: float = 0.0
-    ) -> LoadSnapshot:
+    def load_snapshot(self, now: float, ranked: tuple[str, ...], gpu_memory_fraction: float = 0.0) -> LoadSnapshot:
         """What the shedding rules read, per arrival: O(classes + upstreams), no dicts."""
         queues = self.waitline.queues
         depths, waits = [], []
@@ -480,9 +460,7 @@ class AdmissionController:
         }
 
     def __repr__(self) -> str:
-        return (
-            f"<AdmissionController {self.waitline!r} leases={len(self._leases)} {self.capacity!r}>"
-        )
+        return f"<AdmissionController {self.waitline!r} leases={len(self._leases)} {self.capacity!r}>"
 
 
 def latency_tokens(ticket: Ticket, observed: Observed | None, fill: float) -> int:
@@ -497,11 +475,7 @@ def latency_tokens(ticket: Ticket, observed: Observed | None, fill: float) -> in
         output = round(cost.output_tokens * fill)
     if output > 0:
         return output
-    prompt = (
-        cost.prompt_tokens
-        if observed is None or observed.prompt_tokens is None
-        else observed.prompt_tokens
-    )
+    prompt = cost.prompt_tokens if observed is None or observed.prompt_tokens is None else observed.prompt_tokens
     return max(1, prompt)
 
 

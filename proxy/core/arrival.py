@@ -42,9 +42,7 @@ def service_key(ticket: Ticket) -> tuple[str, int]:
 class ArrivalGate:
     """`(controller, ticket, now) -> Reject | None`, for `AdmissionController.checks`."""
 
-    def __init__(
-        self, policy, shedder: Shedder, tenants: TenantQuota | None, service_ms: LatencyFamily
-    ) -> None:
+    def __init__(self, policy, shedder: Shedder, tenants: TenantQuota | None, service_ms: LatencyFamily) -> None:
         self.ranked = ranked_classes(policy)
         self._rank = {name: i for i, name in enumerate(self.ranked)}
         self._on_unmeetable = {name: c.on_unmeetable for name, c in policy.classes.items()}

@@ -28,9 +28,7 @@ if TYPE_CHECKING:
 class Balancer:
     __slots__ = ("_cooldown_s", "_refusals", "_rng", "_until", "count")
 
-    def __init__(
-        self, count: int, cooldown_s: float | Sequence[float] = 5.0, *, rng: random.Random
-    ) -> None:
+    def __init__(self, count: int, cooldown_s: float | Sequence[float] = 5.0, *, rng: random.Random) -> None:
         if count < 1:
             raise ValueError("a balancer needs at least one upstream")
         self.count = count
@@ -41,11 +39,7 @@ class Balancer:
 
     def set_cooldowns(self, cooldown_s: float | Sequence[float]) -> None:
         """Cooldown length per upstream (one number applies to all); used from the next refusal."""
-        values = (
-            [float(cooldown_s)] * self.count
-            if isinstance(cooldown_s, int | float)
-            else list(cooldown_s)
-        )
+        values = [float(cooldown_s)] * self.count if isinstance(cooldown_s, int | float) else list(cooldown_s)
         if len(values) != self.count:
             raise ValueError(f"{len(values)} cooldowns for {self.count} upstreams")
         self._cooldown_s = values

@@ -79,20 +79,12 @@ class Capacity:
             return None
         return charge
 
-    def place(
-        self, klass: str, units: int, now: float, balancer, reserve_only: bool = False
-    ) -> tuple[int, int] | None:
+    def place(self, klass: str, units: int, now: float, balancer, reserve_only: bool = False) -> tuple[int, int] | None:
         """(upstream, units charged) with room, the balancer choosing among those that fit; or None."""
-        if (
-            len(self.limits) == 1
-        ):  # nothing to choose; a lone cooling upstream is still the best one
+        if len(self.limits) == 1:  # nothing to choose; a lone cooling upstream is still the best one
             charge = self.fits(0, klass, units, reserve_only)
             return None if charge is None else (0, charge)
-        fit = {
-            i: c
-            for i in range(len(self.limits))
-            if (c := self.fits(i, klass, units, reserve_only)) is not None
-        }
+        fit = {i: c for i in range(len(self.limits)) if (c := self.fits(i, klass, units, reserve_only)) is not None}
         i = balancer.choose(now, fit, self.requests) if fit else None
         return None if i is None else (i, fit[i])
 
@@ -142,7 +134,9 @@ class Capacity:
         ]
 
     def __repr__(self) -> str:
-        return f"<Capacity used={self.used} limits={[self.limit(i) for i in range(len(self))]} reserved={self.reserved}>"
+        return (
+            f"<Capacity used={self.used} limits={[self.limit(i) for i in range(len(self))]} reserved={self.reserved}>"
+        )
 
 
 def _over(held: int, reserved: int) -> int:

@@ -103,9 +103,7 @@ class CostEstimator:
 
     def _from_body(self, route, body: bytes) -> Cost:
         if route.kind == "fixed":
-            return Cost(
-                route.fixed_tokens, 0, route.fixed_tokens, CostSource.FIXED, route.path_prefix
-            )
+            return Cost(route.fixed_tokens, 0, route.fixed_tokens, CostSource.FIXED, route.path_prefix)
         if len(body) > self._max_bytes:
             return self._by_size(route, body, CostSource.SIZE)
         try:

@@ -36,9 +36,7 @@ from dataclasses import dataclass
 from proxy.core.wire import parse_grpc_timeout_ms, parse_timeout_ms
 
 
-def budget_ms(
-    request_timeout: bytes | None, grpc_timeout: bytes | None, *, default_ms: int, max_ms: int
-) -> int:
+def budget_ms(request_timeout: bytes | None, grpc_timeout: bytes | None, *, default_ms: int, max_ms: int) -> int:
     """The request's budget in ms. Malformed headers raise `wire.HeaderError` (-> 400)."""
     budget = None
     if request_timeout is not None:

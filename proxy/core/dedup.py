@@ -43,6 +43,7 @@ REPLAYED_HEADER = (IDEMPOTENT_REPLAYED.encode(), b"true")
 
 # --- key scoping and fingerprints ---------------------------------------------------
 
+
 def _digest(*parts: bytes) -> str:
     """Hash of length-prefixed parts, so ("ab", "c") and ("a", "bc") differ."""
     h = blake2b(digest_size=20)
@@ -80,6 +81,7 @@ def short(scope: str) -> str:
 
 
 # --- responses and what subscribers read --------------------------------------------
+
 
 class Stored(msgspec.Struct, frozen=True, array_like=True):
     """A completed response kept for replay; `chunks` keeps a stream's framing."""
@@ -136,6 +138,7 @@ def replay_events(stored: Stored) -> list[Event]:
 
 # --- the record state machine --------------------------------------------------------
 
+
 class State(enum.Enum):
     ABSENT = "absent"
     IN_FLIGHT = "in_flight"
@@ -183,6 +186,7 @@ class Record:
 
 
 # --- decisions -------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class Lead:

@@ -110,15 +110,9 @@ class GradientLimit:
         if dropped:
             return self._set(self._limit * self._backoff, "drop", now)
         short = self.short_ms = (
-            rtt_ms
-            if self.short_ms is None
-            else self.short_ms + self._short_a * (rtt_ms - self.short_ms)
+            rtt_ms if self.short_ms is None else self.short_ms + self._short_a * (rtt_ms - self.short_ms)
         )
-        long = self.long_ms = (
-            rtt_ms
-            if self.long_ms is None
-            else self.long_ms + self._long_a * (rtt_ms - self.long_ms)
-        )
+        long = self.long_ms = rtt_ms if self.long_ms is None else self.long_ms + self._long_a * (rtt_ms - self.long_ms)
         if short > 0 and long / short > 2.0:
             self.long_ms = long = long * 0.95
         reference = self._target if self._target > 0 else long * self._tolerance

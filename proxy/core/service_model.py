@@ -81,7 +81,7 @@ class OutputFill:
 
     def statistics(self) -> dict:
         """{lowest requested tokens of the bucket: ratio} for buckets with samples."""
-        return {1 << (i - 1): r for i, (r, n) in enumerate(zip(self._ratio, self._count)) if n}
+        return {1 << (i - 1): r for i, (r, n) in enumerate(zip(self._ratio, self._count, strict=False)) if n}
 
 
 class ServiceModel:
@@ -132,9 +132,7 @@ class ServiceModel:
         self.error: float | None = None  # decayed mean |observed - expected| / observed
 
     @classmethod
-    def from_route(
-        cls, route, memory_samples: int = 500, prior_samples: float = 5.0
-    ) -> ServiceModel:
+    def from_route(cls, route, memory_samples: int = 500, prior_samples: float = 5.0) -> ServiceModel:
         return cls(
             route.base_ms,
             route.ms_per_prompt_token,
@@ -160,15 +158,9 @@ class ServiceModel:
 
     # --- learning ---------------------------------------------------------
 
-    def observe(
-        self, prompt_tokens: int, output_tokens: int, ms: float, expected_ms: float | None = None
-    ) -> None:
+    def observe(self, prompt_tokens: int, output_tokens: int, ms: float, expected_ms: float | None = None) -> None:
         """One completed request; `expected_ms` is what was predicted at its arrival (for the error)."""
-        predicted = (
-            expected_ms
-            if expected_ms is not None
-            else self.predict_ms(prompt_tokens, output_tokens)
-        )
+        predicted = expected_ms if expected_ms is not None else self.predict_ms(prompt_tokens, output_tokens)
         rel = abs(ms - predicted) / max(ms, _MIN_MS)
         self.error = rel if self.error is None else self.error + self._alpha * (rel - self.error)
         theta = self._theta
@@ -265,8 +257,7 @@ class ServiceModel:
     def __repr__(self) -> str:
         a, b, c = self.coefficients
         return (
-            f"<ServiceModel {a:.1f} + {b:.4f}*prompt + {c:.3f}*output ms,"
-            f" fill={self.fill.route:.2f}, n={self.samples}>"
+            f"<ServiceModel {a:.1f} + {b:.4f}*prompt + {c:.3f}*output ms, fill={self.fill.route:.2f}, n={self.samples}>"
         )
 
 
@@ -286,22 +277,14 @@ class ServiceModels:
         models = {}
         for route in routes:
             key = route.path_prefix
-            keep = (
-                settings == self._settings
-                and self._routes.get(key) == route
-                and key in self._models
-            )
+            keep = settings == self._settings and self._routes.get(key) == route and key in self._models
             models[key] = self._models[key] if keep else ServiceModel.from_route(route, *settings)
         self._models, self._settings = models, settings
         self._routes = {r.path_prefix: r for r in routes}
 
-    def expected_ms(
-        self, route: str, prompt_tokens: int, requested_output_tokens: int, fallback: float
-    ) -> float:
+    def expected_ms(self, route: str, prompt_tokens: int, requested_output_tokens: int, fallback: float) -> float:
         model = self._models.get(route)
-        return (
-            fallback if model is None else model.expected_ms(prompt_tokens, requested_output_tokens)
-        )
+        return fallback if model is None else model.expected_ms(prompt_tokens, requested_output_tokens)
 
     def fill(self, route: str, requested_output_tokens: int | None = None) -> float:
         """Learned generated / requested output ratio for `route` (1.0 if unknown), for

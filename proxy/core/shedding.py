@@ -118,8 +118,8 @@ class Shedder:
         self._gpu_cap = None if hw is None else tuple(1 - (1 - hw) / x for x in w)
         self._growth_cap = None if gr is None else tuple(gr * x for x in w)
         target = config.codel_target_ms
-        self.codels = None if target is None else tuple(
-            CoDel(target, config.codel_interval_ms) for _ in range(self.n_classes)
+        self.codels = (
+            None if target is None else tuple(CoDel(target, config.codel_interval_ms) for _ in range(self.n_classes))
         )
         self._shed = {reason: 0 for reason in (Reason.QUEUE_FULL, Reason.GPU_PRESSURE, Reason.OVERLOADED)}
 

@@ -127,9 +127,7 @@ class TenantQuota:
         return len(self._buckets)
 
     def statistics(self) -> TenantQuotaStatistics:
-        return TenantQuotaStatistics(
-            len(self._buckets), self.max_tenants, self._granted, self._denied, self._evictions
-        )
+        return TenantQuotaStatistics(len(self._buckets), self.max_tenants, self._granted, self._denied, self._evictions)
 
     def __repr__(self) -> str:
         return (

@@ -42,9 +42,7 @@ class Waitline:
         self.picker = ClassPicker(scheduling.class_mode, self.classes)
         old = sorted(self._entries.values(), key=lambda e: e.seq)
         self.queues = {
-            name: ClassQueue(
-                name, scheduling.order, scheduling.aging_ms_per_s, c.max_queue_wait_ms / 1000.0
-            )
+            name: ClassQueue(name, scheduling.order, scheduling.aging_ms_per_s, c.max_queue_wait_ms / 1000.0)
             for name, c in self.classes.items()
         }
         self._entries, self._expiry = {}, []
@@ -69,9 +67,7 @@ class Waitline:
         q = self.queues.get(klass)
         return 0 if q is None else q.live
 
-    def push(
-        self, ticket, now: float, enqueued_at: float | None = None, seq: int | None = None
-    ) -> Entry:
+    def push(self, ticket, now: float, enqueued_at: float | None = None, seq: int | None = None) -> Entry:
         entry = Entry(
             ticket,
             now if enqueued_at is None else enqueued_at,
@@ -126,9 +122,7 @@ class Waitline:
     def candidates(self, now: float) -> Iterator[tuple[Entry, bool]]:
         """(entry, is_weighted_pick), best first: overdue heads, then class heads in picker order."""
         overdue = sorted(
-            (at, q.name)
-            for q in self.queues.values()
-            if q.live and (at := q.overdue_at()) is not None and at <= now
+            (at, q.name) for q in self.queues.values() if q.live and (at := q.overdue_at()) is not None and at <= now
         )
         for _, name in overdue:
             yield self.queues[name].oldest(), False
@@ -147,9 +141,7 @@ class Waitline:
         own_q, mine = self.queues[klass], self.classes[klass]
         own = own_q.work_ahead_ms(expected_ms)
         if exclude is not None:  # the arrival itself, already pushed
-            own = max(
-                0.0, own - exclude.ticket.expected_ms * (1.0 if own_q.order == "fcfs" else 0.5)
-            )
+            own = max(0.0, own - exclude.ticket.expected_ms * (1.0 if own_q.order == "fcfs" else 0.5))
         ahead = own
         strict = self.picker.mode == "strict"
         for name, q in self.queues.items():

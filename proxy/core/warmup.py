@@ -65,7 +65,7 @@ def criterion_met(criterion: Criterion, results: Sequence[ProbeResult]) -> bool:
     """Whether one shape's results (in completion order) satisfy `criterion`."""
     if isinstance(criterion, FixedCount):
         return sum(r.ok for r in results) >= criterion.successes
-    tail = results[-criterion.last_n:]
+    tail = results[-criterion.last_n :]
     if len(tail) < criterion.last_n or not all(r.ok for r in tail):
         return False
     return spread_pct([r.latency_s for r in tail]) <= criterion.within_pct
@@ -129,7 +129,9 @@ class ProbePlan:
             return Verdict(True, True, f"all {len(self.counts)} shapes warm")
         for i, results in enumerate(self._results):
             if not self._met[i] and len(results) == self.counts[i]:
-                return Verdict(True, False, f"shape {i}: criterion not met in {self.counts[i]} probes ({_describe(results)})")
+                return Verdict(
+                    True, False, f"shape {i}: criterion not met in {self.counts[i]} probes ({_describe(results)})"
+                )
         return PENDING
 
     def statistics(self) -> tuple[ShapeStatistics, ...]:

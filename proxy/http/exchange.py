@@ -271,9 +271,7 @@ def answer(status: int, message: str) -> Handler:
     return handler
 
 
-async def _answer_problem(
-    ctx: ServerContext, request: Request, sink: Sink, status: int, message: str
-) -> None:
+async def _answer_problem(ctx: ServerContext, request: Request, sink: Sink, status: int, message: str) -> None:
     if sink.headers_sent:
         sink.abort()  # too late for a status: the client must see a broken response
         return

@@ -75,9 +75,7 @@ def _next_phase(phase: Phase, event: str) -> Phase:
 class H1Connection:
     protocol = "http1"
 
-    def __init__(
-        self, ctx: ServerContext, stream: trio.SocketStream, client: str, accepted_at: float
-    ) -> None:
+    def __init__(self, ctx: ServerContext, stream: trio.SocketStream, client: str, accepted_at: float) -> None:
         self.ctx = ctx
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=ctx.limits.max_header_bytes)
         self._stream = stream
@@ -95,9 +93,7 @@ class H1Connection:
         # (entering and leaving a cancel scope costs ~9 us): after a hang-up there is no
         # next request on this connection for the cancellation to spoil.
         self._work_scope = trio.CancelScope()
-        self._sink = H1Sink(
-            self, False
-        )  # the current exchange's; a finished one until the first request
+        self._sink = H1Sink(self, False)  # the current exchange's; a finished one until the first request
         self._sink.finished = True
         self._reject: tuple[int, str] | None = None
         self._reader_done = False
@@ -309,9 +305,7 @@ class H1Connection:
 
     async def send_continue(self) -> None:
         if self.h11.they_are_waiting_for_100_continue:
-            event = h11.InformationalResponse(
-                status_code=100, headers=[], reason=reason_phrase(100)
-            )
+            event = h11.InformationalResponse(status_code=100, headers=[], reason=reason_phrase(100))
             await self.send(self.h11.send(event))
 
     async def send(self, data: bytes) -> None:
@@ -341,11 +335,7 @@ class H1Connection:
 
     async def _close(self) -> None:
         try:
-            if (
-                self._phase is Phase.IN_REQUEST
-                and self.h11.their_state is h11.SEND_BODY
-                and not self.broken
-            ):
+            if self._phase is Phase.IN_REQUEST and self.h11.their_state is h11.SEND_BODY and not self.broken:
                 await self._linger()
         finally:
             await self._stream.aclose()

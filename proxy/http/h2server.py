@@ -79,9 +79,7 @@ class _H2State(h2.connection.H2Connection):
 class H2Connection:
     protocol = "h2"
 
-    def __init__(
-        self, ctx: ServerContext, stream: trio.SocketStream, client: str, accepted_at: float
-    ) -> None:
+    def __init__(self, ctx: ServerContext, stream: trio.SocketStream, client: str, accepted_at: float) -> None:
         limits = ctx.limits
         self.ctx = ctx
         self.h2 = _H2State(_CONFIG)

@@ -95,9 +95,7 @@ def build_request(
 class H2Body(BufferedBody):
     __slots__ = ("_conn", "_sid")
 
-    def __init__(
-        self, conn: H2Connection, sid: int, content_length: int | None, limit: int
-    ) -> None:
+    def __init__(self, conn: H2Connection, sid: int, content_length: int | None, limit: int) -> None:
         super().__init__(content_length, limit)
         self._conn = conn
         self._sid = sid
@@ -209,9 +207,7 @@ class H2Sink:
 class H2Stream:
     __slots__ = ("body", "conn", "handler", "request", "scope", "sid", "sink")
 
-    def __init__(
-        self, conn: H2Connection, sid: int, request: Request, body: H2Body, handler: Handler
-    ) -> None:
+    def __init__(self, conn: H2Connection, sid: int, request: Request, body: H2Body, handler: Handler) -> None:
         self.conn = conn
         self.sid = sid
         self.request = request
@@ -225,9 +221,7 @@ class H2Stream:
 
     async def run(self) -> None:
         try:
-            await run_exchange(
-                self.conn.ctx, "h2", self.handler, self.request, self.sink, self.scope
-            )
+            await run_exchange(self.conn.ctx, "h2", self.handler, self.request, self.sink, self.scope)
             if self.sink.finished and not self.body.complete:
                 # Answered before the body ended (413, early answer): ask the client to stop sending.
                 self.reset(ErrorCodes.NO_ERROR)

@@ -137,7 +137,9 @@ class _Upstream:
         with trio.move_on_after(self.connect_timeout_s):
             return await opener()
         raise UpstreamConnectError(
-            f"upstream {self.hostport}: connect timed out after {self.cfg.connect_timeout_ms} ms", upstream=str(self.index))
+            f"upstream {self.hostport}: connect timed out after {self.cfg.connect_timeout_ms} ms",
+            upstream=str(self.index),
+        )
 
 
 class _H1Upstream(_Upstream):
@@ -207,8 +209,9 @@ class _H1Upstream(_Upstream):
         return None
 
     async def _connect(self) -> H1Connection:
-        conn = await self._connect_timed(lambda: H1Connection.open(
-            self.host, self.port, label=self.hostport, nursery=self.pool.nursery))
+        conn = await self._connect_timed(
+            lambda: H1Connection.open(self.host, self.port, label=self.hostport, nursery=self.pool.nursery)
+        )
         self.open += 1
         self.connections.inc()
         return conn
@@ -241,8 +244,16 @@ class _H1Upstream(_Upstream):
             self._discard(self.idle.pop())
 
     def statistics(self) -> UpstreamStatistics:
-        return UpstreamStatistics(self.index, self.cfg.url, self.protocol, self.open, len(self.idle),
-                                  self.open - len(self.idle), self.outstanding, self.waiting)
+        return UpstreamStatistics(
+            self.index,
+            self.cfg.url,
+            self.protocol,
+            self.open,
+            len(self.idle),
+            self.open - len(self.idle),
+            self.outstanding,
+            self.waiting,
+        )
 
 
 class _H2Upstream(_Upstream):
@@ -295,8 +306,11 @@ class _H2Upstream(_Upstream):
     async def _open(self) -> H2Connection:
         self.opening = True
         try:
-            conn = await self._connect_timed(lambda: H2Connection.open(
-                self.host, self.port, nursery=self.pool.nursery, label=self.hostport, on_change=self._changed))
+            conn = await self._connect_timed(
+                lambda: H2Connection.open(
+                    self.host, self.port, nursery=self.pool.nursery, label=self.hostport, on_change=self._changed
+                )
+            )
         finally:
             self.opening = False
             self.lot.unpark_all()  # waiters re-check: a new connection, or their turn to open one
@@ -337,8 +351,9 @@ class _H2Upstream(_Upstream):
     def statistics(self) -> UpstreamStatistics:
         streams = sum(c.active_streams for c in self.conns)
         idle = sum(1 for c in self.conns if not c.active_streams)
-        return UpstreamStatistics(self.index, self.cfg.url, self.protocol, len(self.conns), idle,
-                                  streams, self.outstanding, self.waiting)
+        return UpstreamStatistics(
+            self.index, self.cfg.url, self.protocol, len(self.conns), idle, streams, self.outstanding, self.waiting
+        )
 
 
 class _Exchange:
@@ -383,8 +398,9 @@ class UpstreamPool:
         self.nursery.cancel_scope.cancel()
         return await self._nursery_cm.__aexit__(*exc_info)
 
-    def request(self, upstream: int, method: bytes, target: bytes, headers: Headers,
-                body: bytes | AsyncIterable[bytes] = b"") -> _Exchange:
+    def request(
+        self, upstream: int, method: bytes, target: bytes, headers: Headers, body: bytes | AsyncIterable[bytes] = b""
+    ) -> _Exchange:
         """`async with pool.request(i, b"POST", b"/v1/x", headers, body) as resp:` (see module doc)."""
         if self.nursery is None:
             raise RuntimeError("use `async with UpstreamPool(...)` before sending requests")
@@ -416,6 +432,8 @@ class UpstreamPool:
         return PoolStatistics(tuple(up.statistics() for up in self._ups))
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"#{s.index} {s.protocol} open={s.open_connections} outstanding={s.outstanding}"
-                          for s in (up.statistics() for up in self._ups))
+        parts = ", ".join(
+            f"#{s.index} {s.protocol} open={s.open_connections} outstanding={s.outstanding}"
+            for s in (up.statistics() for up in self._ups)
+        )
         return f"<UpstreamPool {parts}>"

@@ -105,11 +105,7 @@ class Server:
         self._acceptors_done = trio.Event()
         self._all_closed = trio.Event()
         self._stopped = trio.Event()
-        self._gauges = (
-            {p: metrics.connections_open.labels(protocol=p) for p in ("http1", "h2")}
-            if metrics
-            else None
-        )
+        self._gauges = {p: metrics.connections_open.labels(protocol=p) for p in ("http1", "h2")} if metrics else None
 
     @property
     def draining(self) -> bool:

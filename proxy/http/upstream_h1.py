@@ -97,8 +97,19 @@ def framed(method: bytes, headers: Headers, body: Any) -> Headers:
 
 
 class H1Connection:
-    __slots__ = ("_h11", "_nursery", "_poll", "_send_error", "_sender", "_sent_any", "_sock",
-                 "closed", "idle_since", "label", "requests")
+    __slots__ = (
+        "_h11",
+        "_nursery",
+        "_poll",
+        "_send_error",
+        "_sender",
+        "_sent_any",
+        "_sock",
+        "closed",
+        "idle_since",
+        "label",
+        "requests",
+    )
 
     def __init__(self, sock: trio.socket.SocketType, label: str, nursery: trio.Nursery | None = None) -> None:
         self._sock = sock
@@ -174,7 +185,9 @@ class H1Connection:
                 return H1Response(self, event)
             if type(event) is not h11.InformationalResponse:  # 1xx are skipped
                 raise self._send_error or UpstreamProtocolError(
-                    f"upstream {self.label} closed the connection before responding", upstream=self.label, request_sent=True
+                    f"upstream {self.label} closed the connection before responding",
+                    upstream=self.label,
+                    request_sent=True,
                 )
 
     async def _send_body(self, body: Body) -> None:
@@ -203,7 +216,7 @@ class H1Connection:
                 await self._send_body(body)
             except UpstreamError as exc:
                 self._send_error = exc  # the socket failed: the reader sees that itself (module doc)
-            except Exception as exc:  # noqa: BLE001 - any failure of the body source becomes the request's error
+            except Exception as exc:
                 if isinstance(exc, h11.LocalProtocolError):
                     exc = ProtocolError(f"upstream {self.label}: cannot send request: {exc}")
                 self._send_error = exc
@@ -234,7 +247,9 @@ class H1Connection:
                         pass
         except (OSError, trio.ClosedResourceError) as exc:
             raise UpstreamProtocolError(
-                f"upstream {self.label}: send failed: {exc}", upstream=self.label, request_sent=self._sent_any or sent > 0
+                f"upstream {self.label}: send failed: {exc}",
+                upstream=self.label,
+                request_sent=self._sent_any or sent > 0,
             ) from exc
         finally:
             if sent:
@@ -246,7 +261,9 @@ class H1Connection:
             try:
                 event = h.next_event()
             except h11.RemoteProtocolError as exc:
-                raise UpstreamProtocolError(f"upstream {self.label}: bad response: {exc}", upstream=self.label, request_sent=True) from exc
+                raise UpstreamProtocolError(
+                    f"upstream {self.label}: bad response: {exc}", upstream=self.label, request_sent=True
+                ) from exc
             if event is not h11.NEED_DATA:
                 return event
             try:
@@ -254,22 +271,35 @@ class H1Connection:
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 if self._send_error is not None:  # the sender closed it, or the socket broke sending
                     raise self._send_error from exc
-                raise UpstreamProtocolError(f"upstream {self.label}: receive failed: {exc}", upstream=self.label, request_sent=True) from exc
+                raise UpstreamProtocolError(
+                    f"upstream {self.label}: receive failed: {exc}", upstream=self.label, request_sent=True
+                ) from exc
             wait_first = False
             h.receive_data(data)  # b"" records EOF; h11 decides what it means
 
     def finish_cycle(self) -> bool:
         """After a complete response: get ready for the next request. False: close instead."""
         h = self._h11
-        if (h.our_state is h11.DONE and h.their_state is h11.DONE and not h.trailing_data[0] and not self.closed
-                and self._sender is None):
+        if (
+            h.our_state is h11.DONE
+            and h.their_state is h11.DONE
+            and not h.trailing_data[0]
+            and not self.closed
+            and self._sender is None
+        ):
             h.start_next_cycle()
             return True
         return False
 
     def statistics(self) -> dict[str, Any]:
-        return {"label": self.label, "requests": self.requests, "closed": self.closed, "sending": self._sender is not None,
-                "our_state": str(self._h11.our_state), "their_state": str(self._h11.their_state)}
+        return {
+            "label": self.label,
+            "requests": self.requests,
+            "closed": self.closed,
+            "sending": self._sender is not None,
+            "our_state": str(self._h11.our_state),
+            "their_state": str(self._h11.their_state),
+        }
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else self._h11.our_state.__name__.lower()
@@ -280,7 +310,17 @@ class H1Connection:
 class H1Response:
     """A response being received. `owner` (the pool) is told once when it is closed."""
 
-    __slots__ = ("closed", "complete", "connection", "failed", "headers", "http_version", "owner", "started_at", "status")
+    __slots__ = (
+        "closed",
+        "complete",
+        "connection",
+        "failed",
+        "headers",
+        "http_version",
+        "owner",
+        "started_at",
+        "status",
+    )
     http_version: str
 
     def __init__(self, connection: H1Connection, event: h11.Response) -> None:
@@ -311,7 +351,8 @@ class H1Response:
         self.failed = True
         raise UpstreamProtocolError(
             f"upstream {self.connection.label}: unexpected {type(event).__name__} in body",
-            upstream=self.connection.label, request_sent=True,
+            upstream=self.connection.label,
+            request_sent=True,
         )
 
     async def read(self) -> bytes:

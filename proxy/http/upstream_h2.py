@@ -120,8 +120,20 @@ class _ClientState(h2.connection.H2Connection):
 
 
 class _Stream:
-    __slots__ = ("_event", "_wevent", "blocked", "chunks", "ended", "error", "headers", "id", "local_done", "reset",
-                 "status", "uploader")
+    __slots__ = (
+        "_event",
+        "_wevent",
+        "blocked",
+        "chunks",
+        "ended",
+        "error",
+        "headers",
+        "id",
+        "local_done",
+        "reset",
+        "status",
+        "uploader",
+    )
 
     def __init__(self, stream_id: int) -> None:
         self.id = stream_id
@@ -165,8 +177,9 @@ class _Stream:
 
 
 class H2Connection:
-    def __init__(self, stream: trio.SocketStream, label: str, on_change: Callable[[H2Connection], None],
-                 nursery: trio.Nursery) -> None:
+    def __init__(
+        self, stream: trio.SocketStream, label: str, on_change: Callable[[H2Connection], None], nursery: trio.Nursery
+    ) -> None:
         self._stream = stream
         self._nursery = nursery  # the reader, the writer and body uploaders run here
         self._streams: dict[int, _Stream] = {}
@@ -191,8 +204,15 @@ class H2Connection:
         self.idle_since = trio.current_time()
 
     @classmethod
-    async def open(cls, host: str, port: int, *, nursery: trio.Nursery, label: str = "",
-                   on_change: Callable[[H2Connection], None] = _noop) -> H2Connection:
+    async def open(
+        cls,
+        host: str,
+        port: int,
+        *,
+        nursery: trio.Nursery,
+        label: str = "",
+        on_change: Callable[[H2Connection], None] = _noop,
+    ) -> H2Connection:
         """Connect and handshake; bounded by the caller's cancel scope. Tasks run in `nursery`."""
         label = label or f"{host}:{port}"
         try:
@@ -201,8 +221,13 @@ class H2Connection:
             raise UpstreamConnectError(f"upstream {label}: connect failed: {exc}", upstream=label) from exc
         conn = cls(stream, label, on_change, nursery)
         h = conn._h2
-        h.local_settings = h2.settings.Settings(client=True, initial_values={
-            h2.settings.SettingCodes.ENABLE_PUSH: 0, h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW})
+        h.local_settings = h2.settings.Settings(
+            client=True,
+            initial_values={
+                h2.settings.SettingCodes.ENABLE_PUSH: 0,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+            },
+        )
         h.initiate_connection()
         h.increment_flow_control_window(CONNECTION_WINDOW - 65_535)
         nursery.start_soon(conn._read_loop)
@@ -249,7 +274,10 @@ class H2Connection:
         for s in self._streams.values():
             if not s.ended and s.error is None:
                 s.error = UpstreamProtocolError(
-                    f"upstream {self.label}: connection lost ({self.error or 'closed'})", upstream=self.label, request_sent=True)
+                    f"upstream {self.label}: connection lost ({self.error or 'closed'})",
+                    upstream=self.label,
+                    request_sent=True,
+                )
             s.wake_all()
         self._ready.set()
         self._flushed.set()
@@ -289,10 +317,13 @@ class H2Connection:
         self._queued += len(data)
         self._wake.set()
 
-    async def send_request(self, method: bytes, target: bytes, headers: Headers, body: Any = b"",
-                           *, scheme: bytes = b"http") -> H2Response:
+    async def send_request(
+        self, method: bytes, target: bytes, headers: Headers, body: Any = b"", *, scheme: bytes = b"http"
+    ) -> H2Response:
         """HTTP/1.1-style request (Host header, no pseudo-headers) for direct use."""
-        return await self.send(h2_request_headers(method, target, headers, scheme=scheme, authority=self.label.encode()), body)
+        return await self.send(
+            h2_request_headers(method, target, headers, scheme=scheme, authority=self.label.encode()), body
+        )
 
     async def send(self, block: Headers, body: bytes | AsyncIterable[bytes] = b"") -> H2Response:
         """Open a stream with header `block` (pseudo-headers first), upload `body`, wait for the head."""
@@ -307,7 +338,9 @@ class H2Connection:
         try:
             h.send_headers(sid, block, end_stream=empty)
             # A body the windows take whole leaves with the head: one write, not two.
-            inline = small and not empty and len(body) <= min(h.local_flow_control_window(sid), h.max_outbound_frame_size)
+            inline = (
+                small and not empty and len(body) <= min(h.local_flow_control_window(sid), h.max_outbound_frame_size)
+            )
             if inline:
                 h.send_data(sid, body, end_stream=True)
         except h2.exceptions.ProtocolError as exc:
@@ -327,8 +360,11 @@ class H2Connection:
                 if s.error is not None:
                     raise s.error
                 if s.ended:
-                    raise UpstreamProtocolError(f"upstream {self.label}: stream {sid} ended without a response",
-                                                upstream=self.label, request_sent=True)
+                    raise UpstreamProtocolError(
+                        f"upstream {self.label}: stream {sid} ended without a response",
+                        upstream=self.label,
+                        request_sent=True,
+                    )
                 await s.wait()
         except BaseException:
             self.forget(s)
@@ -349,10 +385,11 @@ class H2Connection:
                     self._h2.end_stream(s.id)
                     s.local_done = True
                     self._flush()
-            except Exception as exc:  # noqa: BLE001 - any failure of the body source becomes the stream's error
+            except Exception as exc:
                 if isinstance(exc, h2.exceptions.ProtocolError):
-                    exc = UpstreamProtocolError(f"upstream {self.label}: stream {s.id}: {exc}",
-                                                upstream=self.label, request_sent=True)
+                    exc = UpstreamProtocolError(
+                        f"upstream {self.label}: stream {s.id}: {exc}", upstream=self.label, request_sent=True
+                    )
                 if s.error is None:
                     s.error = exc  # the reader raises it unless the response already ended
                 s.wake()
@@ -372,10 +409,11 @@ class H2Connection:
             try:
                 size = min(h.local_flow_control_window(s.id), h.max_outbound_frame_size, total - offset)
                 if size > 0:
-                    h.send_data(s.id, view[offset:offset + size], end_stream=end and offset + size == total)
+                    h.send_data(s.id, view[offset : offset + size], end_stream=end and offset + size == total)
             except h2.exceptions.ProtocolError as exc:
-                raise UpstreamProtocolError(f"upstream {self.label}: stream {s.id}: {exc}",
-                                            upstream=self.label, request_sent=True) from exc
+                raise UpstreamProtocolError(
+                    f"upstream {self.label}: stream {s.id}: {exc}", upstream=self.label, request_sent=True
+                ) from exc
             if size <= 0:
                 s.blocked = True
                 try:
@@ -498,8 +536,11 @@ class H2Connection:
         if not s.ended:  # after a complete response, a reset only stops our upload (RFC 9113 8.1)
             code = event.error_code
             name = code.name if isinstance(code, ErrorCodes) else str(code)
-            s.error = UpstreamProtocolError(f"upstream {self.label} reset stream {s.id}: {name}",
-                                            upstream=self.label, request_sent=code != ErrorCodes.REFUSED_STREAM)
+            s.error = UpstreamProtocolError(
+                f"upstream {self.label} reset stream {s.id}: {name}",
+                upstream=self.label,
+                request_sent=code != ErrorCodes.REFUSED_STREAM,
+            )
         s.wake_all()
 
     def _on_window(self, event: h2.events.WindowUpdated) -> None:
@@ -533,8 +574,11 @@ class H2Connection:
         last = event.last_stream_id or 0
         for s in self._streams.values():
             if s.id > last and not s.ended and s.error is None:
-                s.error = UpstreamProtocolError(f"upstream {self.label}: GOAWAY before stream {s.id} was processed",
-                                                upstream=self.label, request_sent=False)
+                s.error = UpstreamProtocolError(
+                    f"upstream {self.label}: GOAWAY before stream {s.id} was processed",
+                    upstream=self.label,
+                    request_sent=False,
+                )
                 s.wake_all()
         if not self._streams:
             self._fail("GOAWAY")
@@ -552,9 +596,15 @@ class H2Connection:
     }
 
     def statistics(self) -> dict[str, Any]:
-        return {"label": self.label, "streams": len(self._streams), "max_streams": self.max_streams,
-                "uploading": sum(1 for s in self._streams.values() if s.uploader is not None),
-                "requests": self.requests, "goaway": self.goaway, "closed": self.closed}
+        return {
+            "label": self.label,
+            "streams": len(self._streams),
+            "max_streams": self.max_streams,
+            "uploading": sum(1 for s in self._streams.values() if s.uploader is not None),
+            "requests": self.requests,
+            "goaway": self.goaway,
+            "closed": self.closed,
+        }
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "goaway" if self.goaway else "open"

@@ -118,8 +118,17 @@ def _invalid(run: StepRun, rows: Rows, lateness: Summary | None, max_lateness_ms
     return out
 
 
-def analyze(runs: list[StepRun], shapes: tuple[Shape, ...], reasons: ReasonTable, sla: SLA, *, unit: str,
-            max_lateness_ms: float = 10.0, gpus: float = 1.0, usd_per_gpu_hour: float | None = None) -> Analysis:
+def analyze(
+    runs: list[StepRun],
+    shapes: tuple[Shape, ...],
+    reasons: ReasonTable,
+    sla: SLA,
+    *,
+    unit: str,
+    max_lateness_ms: float = 10.0,
+    gpus: float = 1.0,
+    usd_per_gpu_hour: float | None = None,
+) -> Analysis:
     groups = _Groups(shapes)
     deadline = [None if s.deadline_ms is None else s.deadline_ms / 1000.0 for s in shapes]
     global_bound = sla.bound_s
@@ -139,11 +148,34 @@ def analyze(runs: list[StepRun], shapes: tuple[Shape, ...], reasons: ReasonTable
         problems = _invalid(run, rows, lateness, max_lateness_ms)
         misses = sla.misses(overall, by_class) if sla.defined else []
         late = lateness is not None and lateness.p99_ms > max_lateness_ms
-        verdict = StepVerdict(run.index, run.load, not problems, (not misses) if sla.defined else None, late,
-                              tuple(misses), overall.offered_rps, overall.goodput_rps,
-                              overall.latency.p99_ms if overall.latency else None)
-        steps.append(StepAnalysis(run.index, run.load, run.start_s, run.duration_s, run.warmup_s, not problems,
-                                  tuple(problems), lateness, run.backlogged, overall, by_shape, by_class, verdict))
+        verdict = StepVerdict(
+            run.index,
+            run.load,
+            not problems,
+            (not misses) if sla.defined else None,
+            late,
+            tuple(misses),
+            overall.offered_rps,
+            overall.goodput_rps,
+            overall.latency.p99_ms if overall.latency else None,
+        )
+        steps.append(
+            StepAnalysis(
+                run.index,
+                run.load,
+                run.start_s,
+                run.duration_s,
+                run.warmup_s,
+                not problems,
+                tuple(problems),
+                lateness,
+                run.backlogged,
+                overall,
+                by_shape,
+                by_class,
+                verdict,
+            )
+        )
         all_rows += rows
         all_done += done
         total_s += window_s

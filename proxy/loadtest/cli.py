@@ -34,48 +34,92 @@ from proxy.loadtest.verdict import SLA, parse_duration_ms
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("url", metavar="URL", help="target http://HOST:PORT[/PREFIX]; or 'compare' A.json B.json ...; "
-                   "or 'shapes' to list the built-in request shapes")
+    p.add_argument(
+        "url",
+        metavar="URL",
+        help="target http://HOST:PORT[/PREFIX]; or 'compare' A.json B.json ...; "
+        "or 'shapes' to list the built-in request shapes",
+    )
     p.add_argument("files", nargs="*", metavar="FILE", help="with 'compare': result JSON files")
     g = p.add_argument_group("load")
     g.add_argument("--protocol", choices=PROTOCOLS, default="http1", help="HTTP/1.1 or cleartext HTTP/2 (h2c)")
-    g.add_argument("--mode", choices=("open", "closed"), default="open",
-                   help="open: arrivals at a rate, latency from the intended send time; closed: N users")
+    g.add_argument(
+        "--mode",
+        choices=("open", "closed"),
+        default="open",
+        help="open: arrivals at a rate, latency from the intended send time; closed: N users",
+    )
     g.add_argument("--rate", metavar="LOADS", help="open loop: req/s per step, 'A,B,C' or 'START:STOP:STEP'")
     g.add_argument("--users", metavar="LOADS", help="closed loop: users per step, 'A,B,C' or 'START:STOP:STEP'")
     g.add_argument("--step-s", type=float, default=10.0, help="how long each step is held")
     g.add_argument("--warmup-s", type=float, default=2.0, help="start of each step left out of the figures")
     g.add_argument("--arrival", choices=("poisson", "constant"), default="poisson", help="open-loop arrivals")
     g.add_argument("--think-ms", type=float, default=0.0, help="closed loop: mean think time between requests")
-    g.add_argument("--think", choices=("constant", "exponential"), default="exponential",
-                   help="closed loop: think-time distribution")
+    g.add_argument(
+        "--think",
+        choices=("constant", "exponential"),
+        default="exponential",
+        help="closed loop: think-time distribution",
+    )
     g.add_argument("--seed", type=int, default=0, help="seed of the trace (arrivals, shape draws, keys)")
     w = p.add_argument_group("workload")
-    w.add_argument("--mix", default="short_chat", help="NAME[@CLASS][=WEIGHT],... of built-in shapes "
-                   f"({', '.join(shapes.BUILTIN_NAMES)}); CLASS goes out as x-priority")
+    w.add_argument(
+        "--mix",
+        default="short_chat",
+        help="NAME[@CLASS][=WEIGHT],... of built-in shapes "
+        f"({', '.join(shapes.BUILTIN_NAMES)}); CLASS goes out as x-priority",
+    )
     w.add_argument("--jsonl", metavar="FILE", help="request bodies, one per line (replaces --mix; see docs)")
     w.add_argument("--model", help="'model' field to put in request bodies that have none")
-    w.add_argument("--idempotency", choices=("none", "unique"), default="none",
-                   help="send an idempotency-key: none, or unique per request")
-    w.add_argument("--dup-fraction", type=float, default=0.0,
-                   help="with --idempotency unique: share of requests that repeat a recent one (same key and body)")
+    w.add_argument(
+        "--idempotency",
+        choices=("none", "unique"),
+        default="none",
+        help="send an idempotency-key: none, or unique per request",
+    )
+    w.add_argument(
+        "--dup-fraction",
+        type=float,
+        default=0.0,
+        help="with --idempotency unique: share of requests that repeat a recent one (same key and body)",
+    )
     s = p.add_argument_group("SLA and cost")
     s.add_argument("--sla", help="percentile targets, e.g. p99=500ms or p99=500ms,p50=200ms")
-    s.add_argument("--class-sla", action="append", default=[], metavar="CLASS=DURATION",
-                   help="per-class deadline, e.g. interactive=300ms (sent as x-request-timeout-ms; repeatable)")
-    s.add_argument("--max-failed-fraction", type=float, default=0.01,
-                   help="a step with more non-2xx/failed requests than this misses the SLA")
+    s.add_argument(
+        "--class-sla",
+        action="append",
+        default=[],
+        metavar="CLASS=DURATION",
+        help="per-class deadline, e.g. interactive=300ms (sent as x-request-timeout-ms; repeatable)",
+    )
+    s.add_argument(
+        "--max-failed-fraction",
+        type=float,
+        default=0.01,
+        help="a step with more non-2xx/failed requests than this misses the SLA",
+    )
     s.add_argument("--gpu-cost-per-hour", type=float, help="USD per GPU-hour, for cost per million good requests")
     s.add_argument("--gpus", type=float, default=1.0, help="GPUs behind the target")
     c = p.add_argument_group("client")
     c.add_argument("--timeout-ms", type=float, default=30_000.0, help="client timeout from the intended send time")
     c.add_argument("--connections", type=int, default=1, help="h2c: connections to spread streams over")
-    c.add_argument("--max-in-flight", type=int, default=10_000,
-                   help="requests in flight at most (h1: connections); past it the step is invalid")
-    c.add_argument("--max-lateness-ms", type=float, default=10.0,
-                   help="a step whose sender lateness p99 is above this is marked invalid")
-    c.add_argument("--precise-timing", action="store_true",
-                   help="release requests within microseconds of their intended time (busy-waits the last 1 ms)")
+    c.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=10_000,
+        help="requests in flight at most (h1: connections); past it the step is invalid",
+    )
+    c.add_argument(
+        "--max-lateness-ms",
+        type=float,
+        default=10.0,
+        help="a step whose sender lateness p99 is above this is marked invalid",
+    )
+    c.add_argument(
+        "--precise-timing",
+        action="store_true",
+        help="release requests within microseconds of their intended time (busy-waits the last 1 ms)",
+    )
     c.add_argument("--no-json-check", action="store_true", help="accept 2xx bodies that are not JSON")
     c.add_argument("--no-preflight", action="store_true", help="skip the one-request-per-endpoint check")
     o = p.add_argument_group("output")
@@ -85,8 +129,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--no-plots", action="store_true", help="do not draw PNG plots")
     o.add_argument("--records", action="store_true", help="include per-request records in the JSON")
     o.add_argument("--name", help="what reports and comparisons call this target (default: the URL)")
-    o.add_argument("--progress", choices=("auto", "rich", "plain", "none"), default="auto",
-                   help="live display: rich on a terminal, plain lines otherwise")
+    o.add_argument(
+        "--progress",
+        choices=("auto", "rich", "plain", "none"),
+        default="auto",
+        help="live display: rich on a terminal, plain lines otherwise",
+    )
     o.add_argument("--strict", action="store_true", help="exit 3 when any step is invalid")
 
 
@@ -118,12 +166,25 @@ def build(args: argparse.Namespace):
         raise ValueError(f"--{'users' if args.mode == 'open' else 'rate'} does not apply to --mode {args.mode}")
     if not spec:
         raise ValueError(f"--mode {args.mode} needs --{'rate' if args.mode == 'open' else 'users'}")
-    plan = Plan.sweep(parse_loads(spec), step_s=args.step_s, warmup_s=args.warmup_s, mode=args.mode,
-                      arrival=args.arrival, think_ms=args.think_ms, think=args.think)
+    plan = Plan.sweep(
+        parse_loads(spec),
+        step_s=args.step_s,
+        warmup_s=args.warmup_s,
+        mode=args.mode,
+        arrival=args.arrival,
+        think_ms=args.think_ms,
+        think=args.think,
+    )
     trace = build_trace(plan, mix, args.seed, idempotency=args.idempotency, dup_fraction=args.dup_fraction)
-    target = Target(args.url, protocol=args.protocol, name=args.name or "", connections=args.connections,
-                    max_in_flight=args.max_in_flight, timeout_s=args.timeout_ms / 1000.0,
-                    check_json=not args.no_json_check)
+    target = Target(
+        args.url,
+        protocol=args.protocol,
+        name=args.name or "",
+        connections=args.connections,
+        max_in_flight=args.max_in_flight,
+        timeout_s=args.timeout_ms / 1000.0,
+        check_json=not args.no_json_check,
+    )
     sla = SLA.parse(args.sla, class_deadlines_ms=deadlines, max_failed_fraction=args.max_failed_fraction)
     return trace, target, sla
 
@@ -135,12 +196,14 @@ async def _main(trace, target, args) -> tuple:
     shown = progress.make(args.progress)
     runner = Runner(trace, target, progress=shown, precise=args.precise_timing)
     async with trio.open_nursery() as nursery:
+
         async def on_signal() -> None:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for _ in signals:
                     print("\nrampmeter loadtest: interrupted; writing what was measured", file=sys.stderr)
                     runner.stop()
                     return
+
         nursery.start_soon(on_signal)
         try:
             result = await runner.run()
@@ -162,12 +225,14 @@ def _run_test(args: argparse.Namespace) -> int:
         result = trio.run(_main, trace, target, args)
     except preflight.TargetError as exc:
         return _fail(str(exc))
-    analysis = result.analyze(sla, max_lateness_ms=args.max_lateness_ms, gpus=args.gpus,
-                              usd_per_gpu_hour=args.gpu_cost_per_hour)
+    analysis = result.analyze(
+        sla, max_lateness_ms=args.max_lateness_ms, gpus=args.gpus, usd_per_gpu_hour=args.gpu_cost_per_hour
+    )
     command = "rampmeter loadtest " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["loadtest"] else sys.argv[1:])
     doc = report.document(result, analysis, command=command, records=args.records)
-    written = write_outputs(doc, args.out, json_path=args.json, markdown_path=args.markdown,
-                            with_plots=not args.no_plots)
+    written = write_outputs(
+        doc, args.out, json_path=args.json, markdown_path=args.markdown, with_plots=not args.no_plots
+    )
     _print_summary(doc, written)
     if result.interrupted:
         return 130
@@ -180,14 +245,17 @@ def _print_summary(doc: dict, written: dict) -> None:
         f = s["overall"]
         lat = f["latency_ms"] or {}
         p50, p99, p999 = (f"{lat[q]:.1f}" if lat else "-" for q in ("p50", "p99", "p99.9"))
-        print(f"step {s['index']}: {s['load']:g} {unit}: offered {f['offered_rps']:.1f}/s, goodput "
-              f"{f['goodput_rps']:.1f}/s, p50 {p50} p99 {p99} p99.9 {p999} ms, "
-              f"2xx {f['ok']}/{f['requests']}"
-              + ("" if s["valid"] else f"  INVALID: {'; '.join(s['invalid_reasons'])}"))
+        print(
+            f"step {s['index']}: {s['load']:g} {unit}: offered {f['offered_rps']:.1f}/s, goodput "
+            f"{f['goodput_rps']:.1f}/s, p50 {p50} p99 {p99} p99.9 {p999} ms, "
+            f"2xx {f['ok']}/{f['requests']}" + ("" if s["valid"] else f"  INVALID: {'; '.join(s['invalid_reasons'])}")
+        )
     print(doc["knee"]["summary"])
     if doc.get("cost"):
-        print(f"Cost: {doc['cost']['gpu_hours_per_million_good']:.3g} GPU-hours per million good requests"
-              + (f" (${doc['cost']['usd_per_million_good']:.2f})" if doc["cost"]["usd_per_million_good"] else ""))
+        print(
+            f"Cost: {doc['cost']['gpu_hours_per_million_good']:.3g} GPU-hours per million good requests"
+            + (f" (${doc['cost']['usd_per_million_good']:.2f})" if doc["cost"]["usd_per_million_good"] else "")
+        )
     print("wrote " + ", ".join(str(p) for p in written.values()))
 
 

@@ -41,8 +41,15 @@ class ClosedLoop:
         await trio.sleep_until(start)
         for st in self.trace.steps:
             rel = start - self.t0
-            run = StepRun(st.index, st.step.load, rel, st.step.duration_s, st.step.warmup_s, Records(),
-                          in_flight_cap=self.target.max_in_flight)
+            run = StepRun(
+                st.index,
+                st.step.load,
+                rel,
+                st.step.duration_s,
+                st.step.warmup_s,
+                Records(),
+                in_flight_cap=self.target.max_in_flight,
+            )
             self._closed = (run, st, [0])
             self._begin(run)
             self._users = min(int(st.step.load), self.target.max_in_flight)
@@ -75,9 +82,18 @@ class ClosedLoop:
                 self.live.in_flight += 1
                 p = self.trace.mix.shapes[shape]
                 try:
-                    await exchange(session, run.records, i, shape, self.trace.key(keynum),
-                                   now + self.target.timeout_s, self.t0, p.stream, self.target.check_json,
-                                   self.reasons)
+                    await exchange(
+                        session,
+                        run.records,
+                        i,
+                        shape,
+                        self.trace.key(keynum),
+                        now + self.target.timeout_s,
+                        self.t0,
+                        p.stream,
+                        self.target.check_json,
+                        self.reasons,
+                    )
                 finally:
                     self._finished(run.records, i)
                 gap = arrivals.think_gap(plan.think, think_s, rng)

@@ -38,8 +38,10 @@ def table(docs: list[dict], labels: list[str]) -> str:
     head = ["load (" + ("req/s" if unit == "rps" else "users") + ")", *labels]
     rows = [[f"{x:g}", *(_cell(b.get(x)) for b in by_load)] for x in loads]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+
     def fmt(cells: list[str]) -> str:
         return " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
+
     lines = [fmt(head), "-+-".join("-" * w for w in widths), *(fmt(r) for r in rows), ""]
     base = docs[0]["knee"]["load"] if docs else None
     for doc, label in zip(docs, labels, strict=True):

@@ -68,8 +68,18 @@ async def _read_body(resp: Any, keep: bool) -> bytes:
     return b"".join(parts)
 
 
-async def exchange(session: Any, rec: Records, i: int, shape: int, key: bytes | None, deadline: float,
-                   t0: float, stream: bool, check_json: bool, reasons: ReasonTable) -> None:
+async def exchange(
+    session: Any,
+    rec: Records,
+    i: int,
+    shape: int,
+    key: bytes | None,
+    deadline: float,
+    t0: float,
+    stream: bool,
+    check_json: bool,
+    reasons: ReasonTable,
+) -> None:
     """Run row i's request (see the module doc). `t0` is the run's start (rows are run-relative)."""
     rec.sent[i] = trio.current_time() - t0
     error = OK

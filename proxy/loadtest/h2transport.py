@@ -36,8 +36,12 @@ MAX_H2_CONNECTIONS = 64
 
 
 _GENERATOR_H2 = h2.config.H2Configuration(
-    client_side=True, header_encoding=None, validate_outbound_headers=False, normalize_outbound_headers=False,
-    validate_inbound_headers=False, normalize_inbound_headers=False,
+    client_side=True,
+    header_encoding=None,
+    validate_outbound_headers=False,
+    normalize_outbound_headers=False,
+    validate_inbound_headers=False,
+    normalize_inbound_headers=False,
 )
 
 
@@ -116,8 +120,9 @@ class H2Transport:
     async def _open(self) -> H2Connection:
         self._opening = True
         try:
-            conn = await _GeneratorH2Connection.open(self.host, self.port, nursery=self._nursery,
-                                                     label=self.label, on_change=self._changed)
+            conn = await _GeneratorH2Connection.open(
+                self.host, self.port, nursery=self._nursery, label=self.label, on_change=self._changed
+            )
         finally:
             self._opening = False
             self._lot.unpark_all()
@@ -140,5 +145,8 @@ class H2Transport:
         self.conns, self._every = [], []
 
     def statistics(self) -> dict[str, int]:
-        return {"connections_opened": self.opened, "connections_open": len(self.conns),
-                "streams": sum(c.active_streams for c in self.conns)}
+        return {
+            "connections_opened": self.opened,
+            "connections_open": len(self.conns),
+            "streams": sum(c.active_streams for c in self.conns),
+        }

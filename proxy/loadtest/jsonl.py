@@ -64,7 +64,7 @@ def parse_line(obj: object, *, model: str | None = None) -> Shape:
     kind = _kind(body)
     path = envelope.get("path") or (ENDPOINTS[kind] if kind else None)
     if not isinstance(path, str) or not path.startswith("/"):
-        raise ValueError("cannot tell the endpoint: give \"path\" (e.g. \"/v1/chat/completions\")")
+        raise ValueError('cannot tell the endpoint: give "path" (e.g. "/v1/chat/completions")')
     stream = body.get("stream") is True
     name = envelope.get("name") or ((kind or "request") + ("_stream" if stream else ""))
     cls = envelope.get("class")
@@ -73,9 +73,16 @@ def parse_line(obj: object, *, model: str | None = None) -> Shape:
     weight = envelope.get("weight", 1.0)
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
         raise ValueError(f"'weight' must be a number > 0, got {weight!r}")
-    return Shape(str(name), path, _encode(body), stream=stream, cls=cls,
-                 deadline_ms=_int_or_none(envelope.get("deadline_ms"), "deadline_ms"),
-                 cost_hint=_int_or_none(envelope.get("cost_hint"), "cost_hint"), weight=float(weight))
+    return Shape(
+        str(name),
+        path,
+        _encode(body),
+        stream=stream,
+        cls=cls,
+        deadline_ms=_int_or_none(envelope.get("deadline_ms"), "deadline_ms"),
+        cost_hint=_int_or_none(envelope.get("cost_hint"), "cost_hint"),
+        weight=float(weight),
+    )
 
 
 def parse_lines(lines: list[str], source: str, *, model: str | None = None) -> Mix:

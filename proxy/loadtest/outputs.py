@@ -15,8 +15,14 @@ from proxy.loadtest import markdown, plots
 from proxy.loadtest.report import dumps
 
 
-def write_outputs(doc: dict, out_dir: str | Path, *, json_path: str | Path | None = None,
-                  markdown_path: str | Path | None = None, with_plots: bool = True) -> dict[str, Path]:
+def write_outputs(
+    doc: dict,
+    out_dir: str | Path,
+    *,
+    json_path: str | Path | None = None,
+    markdown_path: str | Path | None = None,
+    with_plots: bool = True,
+) -> dict[str, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}

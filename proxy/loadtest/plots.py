@@ -42,8 +42,13 @@ def _series(doc: dict, key: str) -> tuple[list[float], list[float]]:
 def _mark_knee(ax, doc: dict) -> None:
     knee = doc["knee"]
     if knee["load"] is not None:
-        ax.axvline(knee["load"], color="green", linestyle=":", linewidth=1.5,
-                   label=f"knee {knee['load']:g}{' (lower bound)' if knee['lower_bound'] else ''}")
+        ax.axvline(
+            knee["load"],
+            color="green",
+            linestyle=":",
+            linewidth=1.5,
+            label=f"knee {knee['load']:g}{' (lower bound)' if knee['lower_bound'] else ''}",
+        )
 
 
 def _mark_invalid(ax, doc: dict, key: str, nested: str | None = "latency_ms") -> None:
@@ -81,8 +86,13 @@ def goodput(doc: dict, path: str | Path) -> Path:
     fig, ax = _figure()
     loads = [s["load"] for s in doc["steps"]]
     ax.plot(loads, [s["overall"]["goodput_rps"] for s in doc["steps"]], marker="o", label="goodput (2xx within SLA)")
-    ax.plot(loads, [s["overall"]["achieved_rps"] for s in doc["steps"]], marker="s", markersize=3,
-            label="achieved (responses)")
+    ax.plot(
+        loads,
+        [s["overall"]["achieved_rps"] for s in doc["steps"]],
+        marker="s",
+        markersize=3,
+        label="achieved (responses)",
+    )
     if doc["plan"]["unit"] == "rps" and loads:
         ax.plot([0, max(loads)], [0, max(loads)], color="grey", linestyle="--", linewidth=1, label="offered")
     _mark_knee(ax, doc)
@@ -101,8 +111,14 @@ def compare(docs: list[dict], labels: list[str], path: str | Path) -> Path:
         xs, ys = _series(doc, "p99")
         line = lat_ax.plot(xs, ys, marker="o", markersize=3, label=label)[0]
         loads = [s["load"] for s in doc["steps"]]
-        good_ax.plot(loads, [s["overall"]["goodput_rps"] for s in doc["steps"]], marker="o", markersize=3,
-                     color=line.get_color(), label=label)
+        good_ax.plot(
+            loads,
+            [s["overall"]["goodput_rps"] for s in doc["steps"]],
+            marker="o",
+            markersize=3,
+            color=line.get_color(),
+            label=label,
+        )
         if doc["knee"]["load"] is not None:
             for ax in (lat_ax, good_ax):
                 ax.axvline(doc["knee"]["load"], color=line.get_color(), linestyle=":", linewidth=1)

@@ -41,8 +41,9 @@ async def _probe(session, target: Target, shape_index: int, mix: Mix) -> tuple[i
         raise TargetError(f"cannot reach {where}: {exc}") from None
     except RampmeterError as exc:
         other = "http1" if target.protocol == "h2c" else "h2c"
-        raise TargetError(f"{where} broke the exchange ({exc}); does it speak {target.protocol}? "
-                          f"try --protocol {other}") from None
+        raise TargetError(
+            f"{where} broke the exchange ({exc}); does it speak {target.protocol}? try --protocol {other}"
+        ) from None
     try:
         parts = []
         while chunk := await resp.receive():
@@ -98,14 +99,18 @@ def _judge(target: Target, path: str, stream: bool, status: int, body: bytes, ct
         raise TargetError(f"{what} answered {status}: {_snippet(body)} (check the URL, the path and --model)")
     if stream:
         if b"data:" not in body:
-            raise TargetError(f"{what} answered a streaming request with no SSE 'data:' events "
-                              f"(content-type {ctype.decode('latin-1')}): {_snippet(body)}")
+            raise TargetError(
+                f"{what} answered a streaming request with no SSE 'data:' events "
+                f"(content-type {ctype.decode('latin-1')}): {_snippet(body)}"
+            )
         return []
     if target.check_json:
         try:
             msgspec.json.decode(body)
         except msgspec.DecodeError:
-            raise TargetError(f"{what} answered {status} with a body that is not JSON (content-type "
-                              f"{ctype.decode('latin-1')}): {_snippet(body)}; is it an OpenAI-compatible endpoint? "
-                              "(--no-json-check accepts any body)") from None
+            raise TargetError(
+                f"{what} answered {status} with a body that is not JSON (content-type "
+                f"{ctype.decode('latin-1')}): {_snippet(body)}; is it an OpenAI-compatible endpoint? "
+                "(--no-json-check accepts any body)"
+            ) from None
     return []

@@ -49,8 +49,11 @@ class PlainProgress:
         self.out = out
 
     def step_started(self, run: Any, runner: Any) -> None:
-        print(f"step {run.index}: {run.load:g} {_unit(runner)} for {run.duration_s:g} s "
-              f"(warm-up {run.warmup_s:g} s)", file=self.out, flush=True)
+        print(
+            f"step {run.index}: {run.load:g} {_unit(runner)} for {run.duration_s:g} s (warm-up {run.warmup_s:g} s)",
+            file=self.out,
+            flush=True,
+        )
 
     def tick(self, runner: Any) -> None:
         pass
@@ -59,11 +62,14 @@ class PlainProgress:
         s = runner.statistics()
         p99, late = _p99_so_far(run), _late_p99(run)
         ok, failed = _step_counts(run)
-        print(f"  done: sent {len(run.records)}, 2xx {ok}, failed {failed}, in flight {s['in_flight']}, "
-              f"p99 so far {'-' if p99 is None else f'{p99:.1f} ms'}, "
-              f"sender lateness p99 {'-' if late is None else f'{late:.1f} ms'}"
-              + (f", {run.backlogged} waited at the in-flight cap" if run.backlogged else ""),
-              file=self.out, flush=True)
+        print(
+            f"  done: sent {len(run.records)}, 2xx {ok}, failed {failed}, in flight {s['in_flight']}, "
+            f"p99 so far {'-' if p99 is None else f'{p99:.1f} ms'}, "
+            f"sender lateness p99 {'-' if late is None else f'{late:.1f} ms'}"
+            + (f", {run.backlogged} waited at the in-flight cap" if run.backlogged else ""),
+            file=self.out,
+            flush=True,
+        )
 
 
 class RichProgress:
@@ -98,17 +104,34 @@ class RichProgress:
         if run is None:
             return
         late = _late_p99(run)
-        self.current = (str(run.index), f"{run.load:g} {_unit(runner)}", f"{s['sent']} (run)", f"{s['ok']} (run)",
-                        f"{s['failed']} (run)", str(s["in_flight"]), "...", "-" if late is None else f"{late:.1f} ms")
+        self.current = (
+            str(run.index),
+            f"{run.load:g} {_unit(runner)}",
+            f"{s['sent']} (run)",
+            f"{s['ok']} (run)",
+            f"{s['failed']} (run)",
+            str(s["in_flight"]),
+            "...",
+            "-" if late is None else f"{late:.1f} ms",
+        )
         self.live.update(self._render())
 
     def step_ended(self, run: Any, runner: Any) -> None:
         s = runner.statistics()
         p99, late = _p99_so_far(run), _late_p99(run)
         ok, failed = _step_counts(run)
-        self.rows.append((str(run.index), f"{run.load:g} {_unit(runner)}", str(len(run.records)), str(ok),
-                          str(failed), str(s["in_flight"]), "-" if p99 is None else f"{p99:.1f} ms",
-                          "-" if late is None else f"{late:.1f} ms"))
+        self.rows.append(
+            (
+                str(run.index),
+                f"{run.load:g} {_unit(runner)}",
+                str(len(run.records)),
+                str(ok),
+                str(failed),
+                str(s["in_flight"]),
+                "-" if p99 is None else f"{p99:.1f} ms",
+                "-" if late is None else f"{late:.1f} ms",
+            )
+        )
         self.current = ()
         self.live.update(self._render())
 
@@ -118,7 +141,7 @@ class RichProgress:
 
 
 def make(kind: str = "auto", out: TextIO = sys.stderr) -> PlainProgress | RichProgress | None:
-    """"auto" (rich on a terminal, else plain), "rich", "plain" or "none"."""
+    """ "auto" (rich on a terminal, else plain), "rich", "plain" or "none"."""
     if kind == "none":
         return None
     if kind == "rich" or (kind == "auto" and out.isatty()):

@@ -107,8 +107,17 @@ class StepRun:
         "warmup_s",
     )
 
-    def __init__(self, index: int, load: float, start_s: float, duration_s: float, warmup_s: float,
-                 records: Records, *, in_flight_cap: int = 0) -> None:
+    def __init__(
+        self,
+        index: int,
+        load: float,
+        start_s: float,
+        duration_s: float,
+        warmup_s: float,
+        records: Records,
+        *,
+        in_flight_cap: int = 0,
+    ) -> None:
         self.index, self.load = index, load
         self.start_s, self.duration_s, self.warmup_s = start_s, duration_s, warmup_s
         self.records = records
@@ -124,5 +133,7 @@ class StepRun:
         return self.start_s + self.warmup_s, self.start_s + self.duration_s
 
     def __repr__(self) -> str:
-        return (f"<StepRun #{self.index} load={self.load:g} window={self.window[0]:.3f}-{self.window[1]:.3f}s "
-                f"rows={len(self.records)} backlogged={self.backlogged}>")
+        return (
+            f"<StepRun #{self.index} load={self.load:g} window={self.window[0]:.3f}-{self.window[1]:.3f}s "
+            f"rows={len(self.records)} backlogged={self.backlogged}>"
+        )

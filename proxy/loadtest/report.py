@@ -36,21 +36,54 @@ VERSION = "0.1.0"
 def summary_dict(s: Summary | None) -> dict | None:
     if s is None:
         return None
-    return {"count": s.count, "mean": s.mean_ms, "p50": s.p50_ms, "p95": s.p95_ms, "p99": s.p99_ms,
-            "p99.9": s.p999_ms, "max": s.max_ms}
+    return {
+        "count": s.count,
+        "mean": s.mean_ms,
+        "p50": s.p50_ms,
+        "p95": s.p95_ms,
+        "p99": s.p99_ms,
+        "p99.9": s.p999_ms,
+        "max": s.max_ms,
+    }
 
 
 def figures_dict(f: Figures) -> dict:
-    return {"requests": f.requests, "responses": f.responses, "ok": f.ok, "good": f.good,
-            "offered_rps": f.offered_rps, "achieved_rps": f.achieved_rps, "goodput_rps": f.goodput_rps,
-            "good_fraction": f.good / f.requests if f.requests else None, "failed_fraction": f.failed_fraction,
-            "latency_ms": summary_dict(f.latency), "ttft_ms": summary_dict(f.ttft), "tpot_ms": summary_dict(f.tpot),
-            "status": f.status, "reasons": f.reasons, "errors": f.errors}
+    return {
+        "requests": f.requests,
+        "responses": f.responses,
+        "ok": f.ok,
+        "good": f.good,
+        "offered_rps": f.offered_rps,
+        "achieved_rps": f.achieved_rps,
+        "goodput_rps": f.goodput_rps,
+        "good_fraction": f.good / f.requests if f.requests else None,
+        "failed_fraction": f.failed_fraction,
+        "latency_ms": summary_dict(f.latency),
+        "ttft_ms": summary_dict(f.ttft),
+        "tpot_ms": summary_dict(f.tpot),
+        "status": f.status,
+        "reasons": f.reasons,
+        "errors": f.errors,
+    }
 
 
 def _records(result: RunResult) -> dict:
-    cols: dict[str, list] = {k: [] for k in ("step", "intended_s", "sent_s", "end_s", "latency_ms", "status",
-                                             "error", "reason", "shape", "ttft_ms", "tokens")}
+    cols: dict[str, list] = {
+        k: []
+        for k in (
+            "step",
+            "intended_s",
+            "sent_s",
+            "end_s",
+            "latency_ms",
+            "status",
+            "error",
+            "reason",
+            "shape",
+            "ttft_ms",
+            "tokens",
+        )
+    }
     names = result.reasons.names
     for run in result.runs:
         r = run.records
@@ -74,15 +107,26 @@ def document(result: RunResult, analysis: Analysis, *, command: str | None = Non
     """The JSON document of one run (schema in docs/loadtest.md)."""
     plan, target, sla = result.trace.plan, result.target, analysis.sla
     started = datetime.datetime.fromtimestamp(result.started_at, datetime.UTC)
-    steps = [{
-        "index": s.index, "load": s.load, "start_s": s.start_s, "duration_s": s.duration_s,
-        "warmup_s": s.warmup_s, "measured_s": s.measured_s, "valid": s.valid,
-        "invalid_reasons": list(s.invalid_reasons), "within_sla": s.verdict.within_sla,
-        "sla_misses": list(s.verdict.misses), "lateness_ms": summary_dict(s.lateness),
-        "backlogged": s.backlogged, "overall": figures_dict(s.overall),
-        "by_shape": {k: figures_dict(v) for k, v in s.by_shape.items()},
-        "by_class": {k: figures_dict(v) for k, v in s.by_class.items()},
-    } for s in analysis.steps]
+    steps = [
+        {
+            "index": s.index,
+            "load": s.load,
+            "start_s": s.start_s,
+            "duration_s": s.duration_s,
+            "warmup_s": s.warmup_s,
+            "measured_s": s.measured_s,
+            "valid": s.valid,
+            "invalid_reasons": list(s.invalid_reasons),
+            "within_sla": s.verdict.within_sla,
+            "sla_misses": list(s.verdict.misses),
+            "lateness_ms": summary_dict(s.lateness),
+            "backlogged": s.backlogged,
+            "overall": figures_dict(s.overall),
+            "by_shape": {k: figures_dict(v) for k, v in s.by_shape.items()},
+            "by_class": {k: figures_dict(v) for k, v in s.by_class.items()},
+        }
+        for s in analysis.steps
+    ]
     knee = analysis.knee
     return {
         "schema": SCHEMA,
@@ -91,27 +135,48 @@ def document(result: RunResult, analysis: Analysis, *, command: str | None = Non
         "started_at": started.isoformat(timespec="seconds").replace("+00:00", "Z"),
         "wall_s": result.wall_s,
         "interrupted": result.interrupted,
-        "target": {"url": target.url, "name": target.label, "protocol": target.protocol,
-                   "timeout_ms": target.timeout_s * 1000.0, "connections": target.connections,
-                   "max_in_flight": target.max_in_flight, "check_json": target.check_json},
-        "plan": {"mode": plan.mode, "unit": plan.unit, "arrival": plan.arrival if plan.mode == "open" else None,
-                 "think_ms": plan.think_ms if plan.mode == "closed" else None,
-                 "think": plan.think if plan.mode == "closed" else None, "seed": result.trace.seed,
-                 "idempotency": result.trace.idempotency,
-                 "steps": [{"load": s.load, "duration_s": s.duration_s, "warmup_s": s.warmup_s} for s in plan.steps]},
+        "target": {
+            "url": target.url,
+            "name": target.label,
+            "protocol": target.protocol,
+            "timeout_ms": target.timeout_s * 1000.0,
+            "connections": target.connections,
+            "max_in_flight": target.max_in_flight,
+            "check_json": target.check_json,
+        },
+        "plan": {
+            "mode": plan.mode,
+            "unit": plan.unit,
+            "arrival": plan.arrival if plan.mode == "open" else None,
+            "think_ms": plan.think_ms if plan.mode == "closed" else None,
+            "think": plan.think if plan.mode == "closed" else None,
+            "seed": result.trace.seed,
+            "idempotency": result.trace.idempotency,
+            "steps": [{"load": s.load, "duration_s": s.duration_s, "warmup_s": s.warmup_s} for s in plan.steps],
+        },
         "mix": result.trace.mix.describe(),
-        "sla": {"targets": [{"percentile": q, "bound_ms": b * 1000.0} for q, b in sla.targets],
-                "class_deadlines_ms": dict(sla.class_deadlines_ms), "max_failed_fraction": sla.max_failed_fraction,
-                "text": sla.describe()},
+        "sla": {
+            "targets": [{"percentile": q, "bound_ms": b * 1000.0} for q, b in sla.targets],
+            "class_deadlines_ms": dict(sla.class_deadlines_ms),
+            "max_failed_fraction": sla.max_failed_fraction,
+            "text": sla.describe(),
+        },
         "max_lateness_ms": analysis.max_lateness_ms,
         "valid": analysis.valid and not result.interrupted,
         "steps": steps,
         "overall": figures_dict(analysis.overall),
         "by_shape": {k: figures_dict(v) for k, v in analysis.by_shape.items()},
         "by_class": {k: figures_dict(v) for k, v in analysis.by_class.items()},
-        "knee": {"step": knee.step, "load": knee.load, "unit": plan.unit, "offered_rps": knee.offered_rps,
-                 "goodput_rps": knee.goodput_rps, "p99_ms": knee.p99_ms, "lower_bound": knee.lower_bound,
-                 "summary": knee.summary},
+        "knee": {
+            "step": knee.step,
+            "load": knee.load,
+            "unit": plan.unit,
+            "offered_rps": knee.offered_rps,
+            "goodput_rps": knee.goodput_rps,
+            "p99_ms": knee.p99_ms,
+            "lower_bound": knee.lower_bound,
+            "summary": knee.summary,
+        },
         "cost": analysis.cost,
         "transport": result.transport,
         "records": _records(result) if records else None,
@@ -129,7 +194,7 @@ def load(path: str | Path) -> dict:
     except msgspec.DecodeError as exc:
         raise ValueError(f"{path}: not JSON: {exc}") from None
     if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("rampmeter.loadtest/"):
-        raise ValueError(f"{path}: not a rampmeter loadtest result (no \"schema\": \"{SCHEMA}\")")
+        raise ValueError(f'{path}: not a rampmeter loadtest result (no "schema": "{SCHEMA}")')
     if doc["schema"] != SCHEMA:
         raise ValueError(f"{path}: schema {doc['schema']} is not {SCHEMA}; use the matching rampmeter version")
     return doc

@@ -56,8 +56,9 @@ class _Live:
 
 
 class Runner(ClosedLoop):
-    def __init__(self, trace: Trace, target: Target, *, progress: Any = None, transport: Any = None,
-                 precise: bool = False) -> None:
+    def __init__(
+        self, trace: Trace, target: Target, *, progress: Any = None, transport: Any = None, precise: bool = False
+    ) -> None:
         self.trace, self.target = trace, target
         self.precise = precise
         self.progress = progress
@@ -74,14 +75,23 @@ class Runner(ClosedLoop):
         self.t0 = 0.0
 
     def __repr__(self) -> str:
-        return (f"<Runner {self.target.label} {self.trace.plan.mode} steps={len(self.trace.steps)} "
-                f"sent={self.live.sent} in_flight={self.live.in_flight} workers={self.live.workers}>")
+        return (
+            f"<Runner {self.target.label} {self.trace.plan.mode} steps={len(self.trace.steps)} "
+            f"sent={self.live.sent} in_flight={self.live.in_flight} workers={self.live.workers}>"
+        )
 
     def statistics(self) -> dict[str, int]:
         live = self.live
-        return {"sent": live.sent, "done": live.done, "ok": live.ok, "failed": live.failed,
-                "in_flight": live.in_flight, "workers": live.workers, "idle": len(self._idle),
-                "backlog": len(self._backlog)}
+        return {
+            "sent": live.sent,
+            "done": live.done,
+            "ok": live.ok,
+            "failed": live.failed,
+            "in_flight": live.in_flight,
+            "workers": live.workers,
+            "idle": len(self._idle),
+            "backlog": len(self._backlog),
+        }
 
     def stop(self) -> None:
         """End the run now (Ctrl-C): in-flight requests are abandoned, the result is still returned."""
@@ -107,8 +117,16 @@ class Runner(ClosedLoop):
                 stats = getattr(self.transport, "statistics", dict)()
                 self.transport.close()
                 conns.cancel_scope.cancel()  # h2 reader/writer tasks
-        return RunResult(self.trace, self.target, self.runs, self.reasons, started,
-                         trio.current_time() - self.t0, stats, self._stop_scope.cancelled_caught)
+        return RunResult(
+            self.trace,
+            self.target,
+            self.runs,
+            self.reasons,
+            started,
+            trio.current_time() - self.t0,
+            stats,
+            self._stop_scope.cancelled_caught,
+        )
 
     # --- open loop ---
     async def _open_loop(self) -> None:
@@ -128,8 +146,15 @@ class Runner(ClosedLoop):
         rec = Records(n)
         rec.intended = array("d", (rel + o for o in st.offsets))
         rec.shape = array("H", st.choices)
-        run = StepRun(st.index, st.step.load, rel, st.step.duration_s, st.step.warmup_s, rec,
-                      in_flight_cap=self.target.max_in_flight)
+        run = StepRun(
+            st.index,
+            st.step.load,
+            rel,
+            st.step.duration_s,
+            st.step.warmup_s,
+            rec,
+            in_flight_cap=self.target.max_in_flight,
+        )
         self._begin(run)
         offsets, lateness, measured_from = st.offsets, run.lateness, start + st.step.warmup_s
         current_time, sleep_until, checkpoint = trio.current_time, trio.sleep_until, trio.lowlevel.checkpoint
@@ -184,6 +209,7 @@ class Runner(ClosedLoop):
         def abort(_: Any) -> trio.lowlevel.Abort:
             self._idle.remove(task)
             return trio.lowlevel.Abort.SUCCEEDED
+
         return await trio.lowlevel.wait_task_rescheduled(abort)
 
     async def _one(self, session: Any, job: tuple) -> None:
@@ -194,8 +220,9 @@ class Runner(ClosedLoop):
         key = self.trace.key(st.keys[i]) if self.trace.idempotency != "none" else None
         deadline = self.t0 + rec.intended[i] + self.target.timeout_s
         try:
-            await exchange(session, rec, i, shape, key, deadline, self.t0, p.stream, self.target.check_json,
-                           self.reasons)
+            await exchange(
+                session, rec, i, shape, key, deadline, self.t0, p.stream, self.target.check_json, self.reasons
+            )
         finally:
             self._finished(rec, i)
 
@@ -227,8 +254,9 @@ class Runner(ClosedLoop):
             self.progress.tick(self)
 
 
-async def run(trace: Trace, target: Target, *, progress: Any = None, transport: Any = None,
-              precise: bool = False) -> RunResult:
+async def run(
+    trace: Trace, target: Target, *, progress: Any = None, transport: Any = None, precise: bool = False
+) -> RunResult:
     """Run every step of `trace` against `target`; see the module doc.
 
     `transport`: send through this instead of opening connections to `target.url`
@@ -237,14 +265,25 @@ async def run(trace: Trace, target: Target, *, progress: Any = None, transport: 
     return await Runner(trace, target, progress=progress, transport=transport, precise=precise).run()
 
 
-async def run_interleaved(trace: Trace, targets: list[Target], *, progress: Any = None,
-                          transports: list[Any] | None = None, precise: bool = False) -> list[RunResult]:
+async def run_interleaved(
+    trace: Trace,
+    targets: list[Target],
+    *,
+    progress: Any = None,
+    transports: list[Any] | None = None,
+    precise: bool = False,
+) -> list[RunResult]:
     """Step by step, each target in turn (A B A B ...) on the same trace; one merged result per target."""
     merged: list[RunResult | None] = [None] * len(targets)
     for st in trace.steps:
         for k, target in enumerate(targets):
-            part = await run(trace.subset([st.index]), target, progress=progress, precise=precise,
-                             transport=transports[k] if transports else None)
+            part = await run(
+                trace.subset([st.index]),
+                target,
+                progress=progress,
+                precise=precise,
+                transport=transports[k] if transports else None,
+            )
             prev = merged[k]
             if prev is None:
                 part.trace = trace

@@ -108,10 +108,12 @@ def builtin(name: str, *, model: str | None = None) -> Shape:
         "tiny": lambda: Shape("tiny", completion, _completion(1, 1, model)),
         "short_chat": lambda: Shape("short_chat", chat, chat_body(100, 32, model=model)),
         "long_chat": lambda: Shape("long_chat", chat, chat_body(1500, 512, model=model)),
-        "short_chat_stream": lambda: Shape("short_chat_stream", chat, chat_body(100, 32, stream=True, model=model),
-                                           stream=True),
-        "long_chat_stream": lambda: Shape("long_chat_stream", chat, chat_body(1500, 512, stream=True, model=model),
-                                          stream=True),
+        "short_chat_stream": lambda: Shape(
+            "short_chat_stream", chat, chat_body(100, 32, stream=True, model=model), stream=True
+        ),
+        "long_chat_stream": lambda: Shape(
+            "long_chat_stream", chat, chat_body(1500, 512, stream=True, model=model), stream=True
+        ),
         "embed_short": lambda: Shape("embed_short", embedding, _embedding(32, model)),
         "embed_long": lambda: Shape("embed_long", embedding, _embedding(400, model)),
     }
@@ -121,8 +123,15 @@ def builtin(name: str, *, model: str | None = None) -> Shape:
     return make()
 
 
-BUILTIN_NAMES = ("tiny", "short_chat", "long_chat", "short_chat_stream", "long_chat_stream", "embed_short",
-                 "embed_long")
+BUILTIN_NAMES = (
+    "tiny",
+    "short_chat",
+    "long_chat",
+    "short_chat_stream",
+    "long_chat_stream",
+    "embed_short",
+    "embed_long",
+)
 
 
 @dataclass(frozen=True)
@@ -141,7 +150,7 @@ class Mix:
 
     @classmethod
     def parse(cls, spec: str, *, model: str | None = None, class_deadlines_ms: dict[str, int] | None = None) -> Mix:
-        """"short_chat@interactive=3,long_chat@batch=1" -> Mix; ValueError on unknown shapes or bad weights."""
+        """ "short_chat@interactive=3,long_chat@batch=1" -> Mix; ValueError on unknown shapes or bad weights."""
         shapes = []
         for part in (p.strip() for p in spec.split(",")):
             if not part:
@@ -162,11 +171,26 @@ class Mix:
         """Give shapes of a class that has no deadline of its own the class's deadline."""
         if not deadlines_ms:
             return self
-        return Mix(tuple(s.replace(deadline_ms=deadlines_ms[s.cls]) if s.deadline_ms is None and s.cls in deadlines_ms
-                         else s for s in self.shapes))
+        return Mix(
+            tuple(
+                s.replace(deadline_ms=deadlines_ms[s.cls]) if s.deadline_ms is None and s.cls in deadlines_ms else s
+                for s in self.shapes
+            )
+        )
 
     def describe(self) -> list[dict]:
         total = sum(self.weights)
-        return [{"name": s.name, "class": s.cls, "path": s.path, "stream": s.stream, "weight": s.weight,
-                 "share": s.weight / total, "deadline_ms": s.deadline_ms, "cost_hint": s.cost_hint,
-                 "body_bytes": len(s.body)} for s in self.shapes]
+        return [
+            {
+                "name": s.name,
+                "class": s.cls,
+                "path": s.path,
+                "stream": s.stream,
+                "weight": s.weight,
+                "share": s.weight / total,
+                "deadline_ms": s.deadline_ms,
+                "cost_hint": s.cost_hint,
+                "body_bytes": len(s.body),
+            }
+            for s in self.shapes
+        ]

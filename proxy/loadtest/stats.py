@@ -98,8 +98,9 @@ class Figures:
 Rows = list[tuple[Records, list[int]]]  # (records, row indices) pairs of one group
 
 
-def figures(rows: Rows, window_s: float, bound_s: Callable[[int], float | None], reasons: ReasonTable,
-            achieved: int) -> Figures:
+def figures(
+    rows: Rows, window_s: float, bound_s: Callable[[int], float | None], reasons: ReasonTable, achieved: int
+) -> Figures:
     """Figures of one group. `bound_s(shape)` is a row's latency bound; `achieved` counts responses in window."""
     latencies, ttfts, tpots = [], [], []
     status: dict[str, int] = {}
@@ -133,9 +134,21 @@ def figures(rows: Rows, window_s: float, bound_s: Callable[[int], float | None],
                 if rec.tokens[i] > 1:
                     tpots.append((lat - first) / (rec.tokens[i] - 1))
     per_s = 1.0 / window_s if window_s > 0 else 0.0
-    return Figures(n, responses, ok, good, n * per_s, achieved * per_s, good * per_s, summarize(latencies),
-                   summarize(ttfts), summarize(tpots), dict(sorted(status.items())), dict(sorted(why.items())),
-                   dict(sorted(errors.items())))
+    return Figures(
+        n,
+        responses,
+        ok,
+        good,
+        n * per_s,
+        achieved * per_s,
+        good * per_s,
+        summarize(latencies),
+        summarize(ttfts),
+        summarize(tpots),
+        dict(sorted(status.items())),
+        dict(sorted(why.items())),
+        dict(sorted(errors.items())),
+    )
 
 
 def in_window(rec: Records, start: float, stop: float, by: str = "intended") -> list[int]:

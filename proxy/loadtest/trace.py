@@ -44,8 +44,10 @@ class Step:
 
     def __post_init__(self) -> None:
         if not self.load > 0 or not self.duration_s > 0 or not 0 <= self.warmup_s < self.duration_s:
-            raise ValueError(f"bad step (load {self.load:g}, {self.duration_s:g} s, warm-up {self.warmup_s:g} s): "
-                             "need load > 0, duration > 0 and 0 <= warm-up < duration (--warmup-s < --step-s)")
+            raise ValueError(
+                f"bad step (load {self.load:g}, {self.duration_s:g} s, warm-up {self.warmup_s:g} s): "
+                "need load > 0, duration > 0 and 0 <= warm-up < duration (--warmup-s < --step-s)"
+            )
 
     @property
     def measured_s(self) -> float:
@@ -82,7 +84,7 @@ class Plan:
 
 
 def parse_loads(spec: str) -> list[float]:
-    """"100,200,400" or "START:STOP:STEP" (inclusive of STOP when it lands on it) -> loads."""
+    """ "100,200,400" or "START:STOP:STEP" (inclusive of STOP when it lands on it) -> loads."""
     spec = spec.strip()
     try:
         if ":" in spec:
@@ -159,8 +161,7 @@ def _keys(rng: random.Random, choices: array, first: int, idempotency: str, dup_
     return keys
 
 
-def build_trace(plan: Plan, mix: Mix, seed: int = 0, *, idempotency: str = "none",
-                dup_fraction: float = 0.0) -> Trace:
+def build_trace(plan: Plan, mix: Mix, seed: int = 0, *, idempotency: str = "none", dup_fraction: float = 0.0) -> Trace:
     """Render `plan` with `mix` under `seed` (see the module doc)."""
     if idempotency not in IDEMPOTENCY:
         raise ValueError(f"unknown idempotency mode {idempotency!r}; choose from {', '.join(IDEMPOTENCY)}")
@@ -169,10 +170,8 @@ def build_trace(plan: Plan, mix: Mix, seed: int = 0, *, idempotency: str = "none
     steps, first = [], 0
     for i, step in enumerate(plan.steps):
         rng = random.Random(f"rampmeter-loadtest/{seed}/{i}")
-        if plan.mode == "open":
-            offs = arrivals.offsets(plan.arrival, step.load, step.duration_s, rng)
-        else:
-            offs = array("d")
+        open_loop = plan.mode == "open"
+        offs = arrivals.offsets(plan.arrival, step.load, step.duration_s, rng) if open_loop else array("d")
         choices = _choices(rng, mix, len(offs) if plan.mode == "open" else CLOSED_CYCLE)
         keys = _keys(rng, choices, first, idempotency, dup_fraction)
         first += len(choices)

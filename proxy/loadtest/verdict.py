@@ -30,7 +30,7 @@ _UNIT_S = {"ms": 1e-3, "s": 1.0, "us": 1e-6, None: 1e-3}
 
 
 def parse_duration_ms(text: str) -> float:
-    """"500ms", "1.5s", "250" (ms) -> milliseconds."""
+    """ "500ms", "1.5s", "250" (ms) -> milliseconds."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|us)?\s*", text)
     if not m:
         raise ValueError(f"bad duration {text!r}: want e.g. 500ms or 1.5s")
@@ -44,8 +44,9 @@ class SLA:
     max_failed_fraction: float = 0.01
 
     @classmethod
-    def parse(cls, spec: str | None, *, class_deadlines_ms: dict[str, int] | None = None,
-              max_failed_fraction: float = 0.01) -> SLA:
+    def parse(
+        cls, spec: str | None, *, class_deadlines_ms: dict[str, int] | None = None, max_failed_fraction: float = 0.01
+    ) -> SLA:
         targets = []
         for part in (spec or "").split(","):
             if not part.strip():
@@ -130,14 +131,30 @@ def find_knee(verdicts: list[StepVerdict], unit: str, sla: SLA) -> Knee:
         best = v
     if best is None:
         assert stop is not None
-        return Knee(None, None, None, None, None, False,
-                    f"No rated capacity: the lowest step ({_load(stop.load, unit)}) {_why(stop)}.")
-    head = (f"Rated capacity {_load(best.load, unit)}: p99 {_ms(best.p99_ms)} within SLA ({sla.describe()}), "
-            f"goodput {best.goodput_rps:.1f} req/s")
+        return Knee(
+            None,
+            None,
+            None,
+            None,
+            None,
+            False,
+            f"No rated capacity: the lowest step ({_load(stop.load, unit)}) {_why(stop)}.",
+        )
+    head = (
+        f"Rated capacity {_load(best.load, unit)}: p99 {_ms(best.p99_ms)} within SLA ({sla.describe()}), "
+        f"goodput {best.goodput_rps:.1f} req/s"
+    )
     if stop is None:
-        return Knee(best.index, best.load, best.offered_rps, best.goodput_rps, best.p99_ms, True,
-                    head + f"; every step met the SLA, so capacity is at least this (sweep higher). "
-                    f"Alert at 80%: {_load(0.8 * best.load, unit)}.")
+        return Knee(
+            best.index,
+            best.load,
+            best.offered_rps,
+            best.goodput_rps,
+            best.p99_ms,
+            True,
+            head + f"; every step met the SLA, so capacity is at least this (sweep higher). "
+            f"Alert at 80%: {_load(0.8 * best.load, unit)}.",
+        )
     if _untrusted(stop):
         tail = f"; the next step ({_load(stop.load, unit)}) {_why(stop)}: capacity may be higher."
     else:
@@ -145,8 +162,15 @@ def find_knee(verdicts: list[StepVerdict], unit: str, sla: SLA) -> Knee:
     later = [v for v in ordered if v.load > stop.load and v.valid and v.within_sla]
     if later:
         tail += f" (Step at {_load(later[0].load, unit)} passed again; not counted.)"
-    return Knee(best.index, best.load, best.offered_rps, best.goodput_rps, best.p99_ms, False,
-                head + tail + f" Alert at 80%: {_load(0.8 * best.load, unit)}.")
+    return Knee(
+        best.index,
+        best.load,
+        best.offered_rps,
+        best.goodput_rps,
+        best.p99_ms,
+        False,
+        head + tail + f" Alert at 80%: {_load(0.8 * best.load, unit)}.",
+    )
 
 
 def _untrusted(v: StepVerdict) -> bool:
@@ -166,8 +190,13 @@ def cost(goodput_rps: float | None, gpus: float, usd_per_gpu_hour: float | None)
         return None
     gpu_hours = gpus * 1e6 / (goodput_rps * 3600.0)
     usd = None if usd_per_gpu_hour is None else gpu_hours * usd_per_gpu_hour
-    return {"gpus": gpus, "usd_per_gpu_hour": usd_per_gpu_hour, "goodput_rps": goodput_rps,
-            "gpu_hours_per_million_good": gpu_hours, "usd_per_million_good": usd}
+    return {
+        "gpus": gpus,
+        "usd_per_gpu_hour": usd_per_gpu_hour,
+        "goodput_rps": goodput_rps,
+        "gpu_hours_per_million_good": gpu_hours,
+        "usd_per_million_good": usd,
+    }
 
 
 def _q(q: float) -> str:

@@ -36,28 +36,56 @@ class Scheduling(Section):
     ] = "sjf"
     aging_ms_per_s: Annotated[
         float,
-        Meta(ge=0, le=1_000_000, description="SJF aging: a queued request's key drops by this many ms of expected service time per second waited (1000: one ms per ms)."),
+        Meta(
+            ge=0,
+            le=1_000_000,
+            description="SJF aging: a queued request's key drops by this many ms of expected service time per second waited (1000: one ms per ms).",
+        ),
     ] = 250.0
     class_mode: Annotated[
         Literal["strict", "weighted"],
-        Meta(description="strict: lower `priority` always first; weighted: classes share admissions by `weight` (smooth weighted round robin)."),
+        Meta(
+            description="strict: lower `priority` always first; weighted: classes share admissions by `weight` (smooth weighted round robin)."
+        ),
     ] = "strict"
-    default_class: Annotated[ClassName, Meta(description="Class for requests without x-priority or with an unknown one.")] = "interactive"
+    default_class: Annotated[
+        ClassName, Meta(description="Class for requests without x-priority or with an unknown one.")
+    ] = "interactive"
     reserved_slots: Annotated[
         dict[ClassName, Annotated[int, Meta(ge=0, le=10_000_000)]],
-        Meta(description="Per upstream, limit units only this class may use, so it skips the wait (e.g. { realtime = 2 }); idle when that class sends nothing. Their sum must stay below limits.min_limit."),
+        Meta(
+            description="Per upstream, limit units only this class may use, so it skips the wait (e.g. { realtime = 2 }); idle when that class sends nothing. Their sum must stay below limits.min_limit."
+        ),
     ] = msgspec.field(default_factory=dict)
     parse_max_bytes: Annotated[
-        int, Meta(ge=0, le=67_108_864, description="Request bodies up to this size are parsed for cost; larger ones are estimated from their size.")
+        int,
+        Meta(
+            ge=0,
+            le=67_108_864,
+            description="Request bodies up to this size are parsed for cost; larger ones are estimated from their size.",
+        ),
     ] = 1_048_576
     model_memory_samples: Annotated[
-        int, Meta(ge=10, le=1_000_000, description="Service-time model memory: older samples fade with forgetting factor 1 - 1/this.")
+        int,
+        Meta(
+            ge=10,
+            le=1_000_000,
+            description="Service-time model memory: older samples fade with forgetting factor 1 - 1/this.",
+        ),
     ] = 500
     model_prior_samples: Annotated[
-        float, Meta(ge=0.01, le=100_000, description="How many samples the route's service-time priors are worth before observations outweigh them.")
+        float,
+        Meta(
+            ge=0.01,
+            le=100_000,
+            description="How many samples the route's service-time priors are worth before observations outweigh them.",
+        ),
     ] = 5.0
     drain_window_s: Annotated[
-        float, Meta(gt=0, le=3600, description="Time constant of the decayed drain and arrival rates (completions per second).")
+        float,
+        Meta(
+            gt=0, le=3600, description="Time constant of the decayed drain and arrival rates (completions per second)."
+        ),
     ] = 10.0
 
 
@@ -65,51 +93,116 @@ class ClassPolicy(Section):
     """One request class (x-priority value)."""
 
     priority: Annotated[int, Meta(ge=0, le=100, description="Strict mode: lower is served first.")] = 1
-    weight: Annotated[int, Meta(ge=1, le=1000, description="Weighted mode: share of admissions relative to other classes' weights.")] = 1
+    weight: Annotated[
+        int, Meta(ge=1, le=1000, description="Weighted mode: share of admissions relative to other classes' weights.")
+    ] = 1
     max_queue_length: Annotated[
-        int, Meta(ge=0, le=1_000_000, description="Requests that may wait; beyond it arrivals get 503 queue_full. 0: admit now or reject.")
+        int,
+        Meta(
+            ge=0,
+            le=1_000_000,
+            description="Requests that may wait; beyond it arrivals get 503 queue_full. 0: admit now or reject.",
+        ),
     ] = 256
     max_queue_wait_ms: Annotated[
-        int, Meta(ge=1, le=86_400_000, description="Past this wait a request goes to the front, ahead of SJF order and other classes, so nothing starves. Keep it above normal queue waits, or SJF turns into FCFS.")
+        int,
+        Meta(
+            ge=1,
+            le=86_400_000,
+            description="Past this wait a request goes to the front, ahead of SJF order and other classes, so nothing starves. Keep it above normal queue waits, or SJF turns into FCFS.",
+        ),
     ] = 10_000
     default_timeout_ms: Annotated[
-        int, Meta(ge=1, le=86_400_000, description="Deadline budget for requests that send no x-request-timeout-ms / grpc-timeout.")
+        int,
+        Meta(
+            ge=1,
+            le=86_400_000,
+            description="Deadline budget for requests that send no x-request-timeout-ms / grpc-timeout.",
+        ),
     ] = 60_000
-    max_timeout_ms: Annotated[
-        int, Meta(ge=1, le=86_400_000, description="Caller budgets are capped at this.")
-    ] = 600_000
+    max_timeout_ms: Annotated[int, Meta(ge=1, le=86_400_000, description="Caller budgets are capped at this.")] = (
+        600_000
+    )
     on_unmeetable: Annotated[
         Literal["reject", "try"],
-        Meta(description="When the estimated completion misses the deadline at arrival: reject (503 deadline_unmeetable) or try anyway."),
+        Meta(
+            description="When the estimated completion misses the deadline at arrival: reject (503 deadline_unmeetable) or try anyway."
+        ),
     ] = "reject"
 
 
 def default_classes() -> dict[str, ClassPolicy]:
     return {
-        "realtime": ClassPolicy(priority=0, weight=8, max_queue_length=64, max_queue_wait_ms=500, default_timeout_ms=2000, max_timeout_ms=10_000),
-        "interactive": ClassPolicy(priority=1, weight=4, max_queue_length=256, max_queue_wait_ms=10_000, default_timeout_ms=30_000, max_timeout_ms=120_000),
-        "batch": ClassPolicy(priority=2, weight=1, max_queue_length=1024, max_queue_wait_ms=120_000, default_timeout_ms=600_000, max_timeout_ms=3_600_000),
+        "realtime": ClassPolicy(
+            priority=0,
+            weight=8,
+            max_queue_length=64,
+            max_queue_wait_ms=500,
+            default_timeout_ms=2000,
+            max_timeout_ms=10_000,
+        ),
+        "interactive": ClassPolicy(
+            priority=1,
+            weight=4,
+            max_queue_length=256,
+            max_queue_wait_ms=10_000,
+            default_timeout_ms=30_000,
+            max_timeout_ms=120_000,
+        ),
+        "batch": ClassPolicy(
+            priority=2,
+            weight=1,
+            max_queue_length=1024,
+            max_queue_wait_ms=120_000,
+            default_timeout_ms=600_000,
+            max_timeout_ms=3_600_000,
+        ),
     }
 
 
 class Route(Section):
     """How requests under a path are costed, and the service-time priors for them."""
 
-    path_prefix: Annotated[str, Meta(pattern=r"^/", max_length=512, description="Requests whose path starts with this (longest prefix wins).")]
+    path_prefix: Annotated[
+        str,
+        Meta(pattern=r"^/", max_length=512, description="Requests whose path starts with this (longest prefix wins)."),
+    ]
     kind: Annotated[
         Literal["chat", "completions", "embeddings", "fixed"],
-        Meta(description="Body shape: chat (messages), completions (prompt), embeddings (input), fixed (fixed_tokens, body not read)."),
+        Meta(
+            description="Body shape: chat (messages), completions (prompt), embeddings (input), fixed (fixed_tokens, body not read)."
+        ),
     ] = "fixed"
-    chars_per_token: Annotated[float, Meta(gt=0, le=100, description="Characters per token when estimating prompt tokens from text.")] = 4.0
+    chars_per_token: Annotated[
+        float, Meta(gt=0, le=100, description="Characters per token when estimating prompt tokens from text.")
+    ] = 4.0
     default_max_tokens: Annotated[
-        int, Meta(ge=0, le=10_000_000, description="Output tokens assumed when the body has no max_tokens / max_completion_tokens.")
+        int,
+        Meta(
+            ge=0,
+            le=10_000_000,
+            description="Output tokens assumed when the body has no max_tokens / max_completion_tokens.",
+        ),
     ] = 256
-    fixed_tokens: Annotated[int, Meta(ge=0, le=10_000_000, description="kind = fixed: the cost of every request, in tokens.")] = 1
-    base_ms: Annotated[float, Meta(ge=0, le=3_600_000, description="Service-time prior: fixed overhead per request.")] = 20.0
-    ms_per_prompt_token: Annotated[float, Meta(ge=0, le=60_000, description="Service-time prior: prefill time per prompt token.")] = 0.1
-    ms_per_output_token: Annotated[float, Meta(ge=0, le=60_000, description="Service-time prior: decode time per output token.")] = 20.0
+    fixed_tokens: Annotated[
+        int, Meta(ge=0, le=10_000_000, description="kind = fixed: the cost of every request, in tokens.")
+    ] = 1
+    base_ms: Annotated[
+        float, Meta(ge=0, le=3_600_000, description="Service-time prior: fixed overhead per request.")
+    ] = 20.0
+    ms_per_prompt_token: Annotated[
+        float, Meta(ge=0, le=60_000, description="Service-time prior: prefill time per prompt token.")
+    ] = 0.1
+    ms_per_output_token: Annotated[
+        float, Meta(ge=0, le=60_000, description="Service-time prior: decode time per output token.")
+    ] = 20.0
     output_fill_ratio: Annotated[
-        float, Meta(gt=0, le=1, description="Prior for generated / requested output tokens (learned online from observed usage).")
+        float,
+        Meta(
+            gt=0,
+            le=1,
+            description="Prior for generated / requested output tokens (learned online from observed usage).",
+        ),
     ] = 0.5
 
 
@@ -117,7 +210,13 @@ def default_routes() -> list[Route]:
     return [
         Route(path_prefix="/v1/chat/completions", kind="chat"),
         Route(path_prefix="/v1/completions", kind="completions"),
-        Route(path_prefix="/v1/embeddings", kind="embeddings", base_ms=5.0, ms_per_prompt_token=0.02, ms_per_output_token=0.0),
+        Route(
+            path_prefix="/v1/embeddings",
+            kind="embeddings",
+            base_ms=5.0,
+            ms_per_prompt_token=0.02,
+            ms_per_output_token=0.0,
+        ),
         Route(path_prefix="/", kind="fixed", base_ms=50.0),
     ]
 
@@ -127,29 +226,60 @@ class Limits(Section):
 
     kind: Annotated[
         Literal["fixed", "gradient"],
-        Meta(description="fixed: initial_limit always; gradient: adapt to latency (Netflix Gradient2 / Envoy adaptive concurrency)."),
+        Meta(
+            description="fixed: initial_limit always; gradient: adapt to latency (Netflix Gradient2 / Envoy adaptive concurrency)."
+        ),
     ] = "gradient"
     unit: Annotated[
         Literal["requests", "tokens"],
-        Meta(description="What the limit counts: requests, or tokens in flight (prompt + output, a proxy for KV-cache use)."),
+        Meta(
+            description="What the limit counts: requests, or tokens in flight (prompt + output, a proxy for KV-cache use)."
+        ),
     ] = "requests"
     initial_limit: Annotated[int, Meta(ge=1, le=100_000_000, description="Limit at start, in the unit.")] = 32
     min_limit: Annotated[int, Meta(ge=1, le=100_000_000, description="The gradient never goes below this.")] = 4
     max_limit: Annotated[int, Meta(ge=1, le=100_000_000, description="The gradient never goes above this.")] = 256
     target_latency_ms: Annotated[
-        float, Meta(ge=0, le=3_600_000, description="Latency to hold (per latency_measure); 0: hold the long-term average x tolerance instead.")
+        float,
+        Meta(
+            ge=0,
+            le=3_600_000,
+            description="Latency to hold (per latency_measure); 0: hold the long-term average x tolerance instead.",
+        ),
     ] = 0.0
-    tolerance: Annotated[float, Meta(ge=1, le=100, description="Without a target: recent latency may exceed the long-term average by this factor before the limit drops.")] = 1.5
-    smoothing: Annotated[float, Meta(gt=0, le=1, description="Fraction of each new estimate taken (lower moves slower).")] = 0.2
+    tolerance: Annotated[
+        float,
+        Meta(
+            ge=1,
+            le=100,
+            description="Without a target: recent latency may exceed the long-term average by this factor before the limit drops.",
+        ),
+    ] = 1.5
+    smoothing: Annotated[
+        float, Meta(gt=0, le=1, description="Fraction of each new estimate taken (lower moves slower).")
+    ] = 0.2
     queue_allowance_ratio: Annotated[
-        float, Meta(ge=0, le=10, description="Growth headroom added each sample, as a fraction of the limit (at least one unit).")
+        float,
+        Meta(
+            ge=0,
+            le=10,
+            description="Growth headroom added each sample, as a fraction of the limit (at least one unit).",
+        ),
     ] = 0.1
-    backoff_ratio: Annotated[float, Meta(gt=0, lt=1, description="Multiplier applied on a dropped request (upstream overload or timeout).")] = 0.9
-    short_window_samples: Annotated[int, Meta(ge=1, le=100_000, description="Samples averaged for recent latency.")] = 10
-    long_window_samples: Annotated[int, Meta(ge=2, le=1_000_000, description="Samples averaged for the long-term latency.")] = 600
+    backoff_ratio: Annotated[
+        float, Meta(gt=0, lt=1, description="Multiplier applied on a dropped request (upstream overload or timeout).")
+    ] = 0.9
+    short_window_samples: Annotated[int, Meta(ge=1, le=100_000, description="Samples averaged for recent latency.")] = (
+        10
+    )
+    long_window_samples: Annotated[
+        int, Meta(ge=2, le=1_000_000, description="Samples averaged for the long-term latency.")
+    ] = 600
     latency_measure: Annotated[
         Literal["request_ms", "ms_per_token"],
-        Meta(description="Latency signal: whole request time, or time per generated token (TPOT-like; per input token for embeddings), which evens out mixed lengths."),
+        Meta(
+            description="Latency signal: whole request time, or time per generated token (TPOT-like; per input token for embeddings), which evens out mixed lengths."
+        ),
     ] = "ms_per_token"
 
 
@@ -160,20 +290,26 @@ def check_admission(policy) -> list[str]:
     classes = policy.classes
     sched, limits = policy.scheduling, policy.limits
     if sched.default_class not in classes:
-        problems.append(f"scheduling.default_class: unknown class {sched.default_class!r} (classes: {', '.join(classes)})")
+        problems.append(
+            f"scheduling.default_class: unknown class {sched.default_class!r} (classes: {', '.join(classes)})"
+        )
     for name in sched.reserved_slots:
         if name not in classes:
             problems.append(f"scheduling.reserved_slots.{name}: unknown class {name!r} (classes: {', '.join(classes)})")
     reserved = sum(sched.reserved_slots.values())
     if reserved >= limits.min_limit:
-        problems.append(f"scheduling.reserved_slots: {reserved} reserved units must stay below limits.min_limit ({limits.min_limit})")
+        problems.append(
+            f"scheduling.reserved_slots: {reserved} reserved units must stay below limits.min_limit ({limits.min_limit})"
+        )
     if not limits.min_limit <= limits.initial_limit <= limits.max_limit:
         problems.append(
             f"limits.initial_limit: must lie within min_limit..max_limit ({limits.min_limit}..{limits.max_limit}), got {limits.initial_limit}"
         )
     for name, cls in classes.items():
         if cls.default_timeout_ms > cls.max_timeout_ms:
-            problems.append(f"classes.{name}.default_timeout_ms: {cls.default_timeout_ms} exceeds max_timeout_ms ({cls.max_timeout_ms})")
+            problems.append(
+                f"classes.{name}.default_timeout_ms: {cls.default_timeout_ms} exceeds max_timeout_ms ({cls.max_timeout_ms})"
+            )
     seen: dict[str, int] = {}
     for i, route in enumerate(policy.routes):
         if route.path_prefix in seen:

@@ -148,7 +148,14 @@ def markdown() -> str:
     ]
     for table in tables():
         header = f"[[{table.path}]]" if table.array else f"[{table.path}]"
-        out += [f"## `{header}`", "", table.doc, "", "| key | type | default | range | meaning |", "|---|---|---|---|---|"]
+        out += [
+            f"## `{header}`",
+            "",
+            table.doc,
+            "",
+            "| key | type | default | range | meaning |",
+            "|---|---|---|---|---|",
+        ]
         for k in table.keys:
             default = "required" if k.default is msgspec.NODEFAULT else f"`{_toml_value(k.default)}`"
             out.append(f"| `{k.name}` | {k.type} | {default} | {k.range} | {k.description} |")

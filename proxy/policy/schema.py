@@ -43,7 +43,12 @@ class Listen(Section):
         int, Meta(ge=1, le=1_000_000, description="Open client connections; more are refused at accept.")
     ] = 4096
     max_concurrent_streams: Annotated[
-        int, Meta(ge=1, le=65_535, description="HTTP/2 streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS); more are refused with REFUSED_STREAM.")
+        int,
+        Meta(
+            ge=1,
+            le=65_535,
+            description="HTTP/2 streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS); more are refused with REFUSED_STREAM.",
+        ),
     ] = 256
     max_header_bytes: Annotated[
         int, Meta(ge=1024, le=1_048_576, description="Request head size in bytes; larger gets 431.")
@@ -58,34 +63,60 @@ class Listen(Section):
         float, Meta(gt=0, le=86_400, description="Idle keep-alive connections are closed after this long.")
     ] = 75.0
     drain_timeout_s: Annotated[
-        float, Meta(ge=0, le=3600, description="On SIGTERM, how long in-flight requests may finish before they are cancelled. Keep below the pod's terminationGracePeriodSeconds.")
+        float,
+        Meta(
+            ge=0,
+            le=3600,
+            description="On SIGTERM, how long in-flight requests may finish before they are cancelled. Keep below the pod's terminationGracePeriodSeconds.",
+        ),
     ] = 25.0
 
 
 class Admin(Section):
     """The admin listener: /healthz, /readyz, /metrics, /admin/stats, /admin/policy."""
 
-    address: Annotated[HostPort, Meta(description="Admin port; keep it off the Service. 0.0.0.0 lets kubelet probes reach it.")] = "127.0.0.1:9090"
+    address: Annotated[
+        HostPort, Meta(description="Admin port; keep it off the Service. 0.0.0.0 lets kubelet probes reach it.")
+    ] = "127.0.0.1:9090"
 
 
 class Upstream(Section):
     """One model server the sidecar forwards to."""
 
     url: Annotated[
-        str, Meta(pattern=HTTP_URL_RE, description="Base URL, http://HOST:PORT (cleartext; the sidecar sits in the pod).")
+        str,
+        Meta(pattern=HTTP_URL_RE, description="Base URL, http://HOST:PORT (cleartext; the sidecar sits in the pod)."),
     ]
     protocol: Annotated[
-        Literal["http1", "h2c"], Meta(description="http1: pooled keep-alive connections; h2c: HTTP/2 prior knowledge, multiplexed.")
+        Literal["http1", "h2c"],
+        Meta(description="http1: pooled keep-alive connections; h2c: HTTP/2 prior knowledge, multiplexed."),
     ] = "http1"
     max_connections: Annotated[
-        int, Meta(ge=1, le=100_000, description="HTTP/1.1 connections kept open to this upstream (h2c uses one, or more when streams run out).")
+        int,
+        Meta(
+            ge=1,
+            le=100_000,
+            description="HTTP/1.1 connections kept open to this upstream (h2c uses one, or more when streams run out).",
+        ),
     ] = 1024
-    connect_timeout_ms: Annotated[int, Meta(ge=1, le=600_000, description="Connect timeout; failure answers 502 upstream_unavailable.")] = 2000
+    connect_timeout_ms: Annotated[
+        int, Meta(ge=1, le=600_000, description="Connect timeout; failure answers 502 upstream_unavailable.")
+    ] = 2000
     idle_timeout_s: Annotated[
-        float, Meta(gt=0, le=3600, description="Pooled connections idle this long are closed. Keep it below the upstream's own keep-alive timeout (uvicorn: 5 s).")
+        float,
+        Meta(
+            gt=0,
+            le=3600,
+            description="Pooled connections idle this long are closed. Keep it below the upstream's own keep-alive timeout (uvicorn: 5 s).",
+        ),
     ] = 4.0
     timeout_s: Annotated[
-        float, Meta(gt=0, le=86_400, description="Upper bound on one upstream exchange, first byte to last; past it the request is cancelled and answers 504.")
+        float,
+        Meta(
+            gt=0,
+            le=86_400,
+            description="Upper bound on one upstream exchange, first byte to last; past it the request is cancelled and answers 504.",
+        ),
     ] = 600.0
     cooldown_s: Annotated[
         float, Meta(ge=0, le=3600, description="An upstream that refuses connections is set aside this long.")
@@ -98,7 +129,8 @@ class Policy(Section):
     listen: Listen = Listen()
     admin: Admin = Admin()
     upstreams: Annotated[
-        list[Upstream], Meta(min_length=1, description="Model servers; requests go to the one with the fewest outstanding.")
+        list[Upstream],
+        Meta(min_length=1, description="Model servers; requests go to the one with the fewest outstanding."),
     ] = msgspec.field(default_factory=lambda: [Upstream(url="http://127.0.0.1:8000")])
     # Cold start: warm-up, readiness, slow start, GPU signals (proxy/policy/warmup.py).
     # Feature tables get lazy default factories, so no feature class is needed at import time.
@@ -114,13 +146,19 @@ class Policy(Section):
     scheduling: _admission.Scheduling = msgspec.field(default_factory=lambda: _admission.Scheduling())
     classes: Annotated[
         dict[_admission.ClassName, _admission.ClassPolicy],
-        Meta(min_length=1, max_length=16, description="Request classes by x-priority value; written, they replace the defaults (realtime, interactive, batch) as a whole."),
+        Meta(
+            min_length=1,
+            max_length=16,
+            description="Request classes by x-priority value; written, they replace the defaults (realtime, interactive, batch) as a whole.",
+        ),
     ] = msgspec.field(default_factory=lambda: _admission.default_classes())
     routes: Annotated[
         list[_admission.Route],
-        Meta(max_length=256, description="Cost model per path prefix (longest wins; unmatched paths cost one token); written, they replace the defaults."),
+        Meta(
+            max_length=256,
+            description="Cost model per path prefix (longest wins; unmatched paths cost one token); written, they replace the defaults.",
+        ),
     ] = msgspec.field(default_factory=lambda: _admission.default_routes())
     limits: _admission.Limits = msgspec.field(default_factory=lambda: _admission.Limits())
     # Idempotent dedup (proxy/policy/dedup.py); lazy, as above.
     dedup: _dedup.Dedup = msgspec.field(default_factory=lambda: _dedup.Dedup())
-

@@ -35,34 +35,74 @@ class Shedding(Section):
 
     rules: Annotated[
         list[Rule],
-        Meta(description="Rules in force, evaluated in the fixed order queue_length, gpu_memory, saturation, codel; [] turns shedding off. saturation is off by default: its rates cannot tell a burst (or the slow-start ramp) from overload, and it shed 96% of a 100-request burst on a fresh sidecar; the deadline check and codel catch real overload."),
+        Meta(
+            description="Rules in force, evaluated in the fixed order queue_length, gpu_memory, saturation, codel; [] turns shedding off. saturation is off by default: its rates cannot tell a burst (or the slow-start ramp) from overload, and it shed 96% of a 100-request burst on a fresh sidecar; the deadline check and codel catch real overload."
+        ),
     ] = field(default_factory=lambda: list(DEFAULT_RULES))
     class_step_pct: Annotated[
-        float, Meta(ge=0, le=90, description="Each class below the top gets this much less of every threshold (class rank r gets (1 - pct/100)^r of it).")
+        float,
+        Meta(
+            ge=0,
+            le=90,
+            description="Each class below the top gets this much less of every threshold (class rank r gets (1 - pct/100)^r of it).",
+        ),
     ] = 25.0
     max_queued_requests: Annotated[
-        int, Meta(ge=1, le=10_000_000, description="queue_length: requests queued at or above a top-class request's priority at which it gets 503 queue_full.")
+        int,
+        Meta(
+            ge=1,
+            le=10_000_000,
+            description="queue_length: requests queued at or above a top-class request's priority at which it gets 503 queue_full.",
+        ),
     ] = 1024
     gpu_memory_high_water: Annotated[
-        float, Meta(ge=0, le=1, description="gpu_memory: GPU memory fraction in use at which top-class arrivals get 503 gpu_pressure; lower classes need proportionally more free memory.")
+        float,
+        Meta(
+            ge=0,
+            le=1,
+            description="gpu_memory: GPU memory fraction in use at which top-class arrivals get 503 gpu_pressure; lower classes need proportionally more free memory.",
+        ),
     ] = 0.95
     saturation_growth_pct: Annotated[
-        float, Meta(ge=0, le=10_000, description="saturation: with in-flight at the concurrency limit, top-class arrivals get 503 overloaded while the queue grows at this % of the drain rate or more.")
+        float,
+        Meta(
+            ge=0,
+            le=10_000,
+            description="saturation: with in-flight at the concurrency limit, top-class arrivals get 503 overloaded while the queue grows at this % of the drain rate or more.",
+        ),
     ] = 50.0
     codel_target_ms: Annotated[
-        float, Meta(ge=0, le=600_000, description="codel: a queue whose minimum wait over a whole interval stays above this is a standing queue (one CoDel per class): its class is shed by CoDel's control law, every class below it wholly. Keep it above the wait the top class sees near capacity (a good fraction of a typical service time), or CoDel sheds requests that would meet their deadlines.")
+        float,
+        Meta(
+            ge=0,
+            le=600_000,
+            description="codel: a queue whose minimum wait over a whole interval stays above this is a standing queue (one CoDel per class): its class is shed by CoDel's control law, every class below it wholly. Keep it above the wait the top class sees near capacity (a good fraction of a typical service time), or CoDel sheds requests that would meet their deadlines.",
+        ),
     ] = 500.0
     codel_interval_ms: Annotated[
-        float, Meta(gt=0, le=600_000, description="codel: the interval over which each class's minimum queue wait is taken; while a queue stands its class sheds one arrival per interval/sqrt(drops so far); the first interval below target ends it. At least a typical service time, so shedding one class can show its effect before the next is shed.")
+        float,
+        Meta(
+            gt=0,
+            le=600_000,
+            description="codel: the interval over which each class's minimum queue wait is taken; while a queue stands its class sheds one arrival per interval/sqrt(drops so far); the first interval below target ends it. At least a typical service time, so shedding one class can show its effect before the next is shed.",
+        ),
     ] = 2000.0
     retry_after_min_ms: Annotated[
         int, Meta(ge=0, le=3_600_000, description="Smallest Retry-After a rejection carries.")
     ] = 100
     retry_after_max_ms: Annotated[
-        int, Meta(ge=1, le=3_600_000, description="Largest Retry-After a rejection carries (also used when nothing drains).")
+        int,
+        Meta(
+            ge=1, le=3_600_000, description="Largest Retry-After a rejection carries (also used when nothing drains)."
+        ),
     ] = 30_000
     retry_after_jitter_pct: Annotated[
-        float, Meta(ge=0, le=100, description="Retry-After is spread up to this % above the drain time, so clients do not return in lockstep.")
+        float,
+        Meta(
+            ge=0,
+            le=100,
+            description="Retry-After is spread up to this % above the drain time, so clients do not return in lockstep.",
+        ),
     ] = 20.0
 
     def __post_init__(self) -> None:
@@ -77,12 +117,24 @@ class Tenants(Section):
 
     enabled: Annotated[bool, Meta(description="Charge every request to its tenant's token bucket.")] = False
     trust_x_tenant: Annotated[
-        bool, Meta(description="Take the tenant from x-tenant (only behind a gateway that sets it); otherwise a hash of Authorization; neither: one shared anonymous tenant.")
+        bool,
+        Meta(
+            description="Take the tenant from x-tenant (only behind a gateway that sets it); otherwise a hash of Authorization; neither: one shared anonymous tenant."
+        ),
     ] = False
-    rate_per_s: Annotated[float, Meta(gt=0, le=1_000_000, description="Requests per second each tenant may sustain.")] = 50.0
-    burst: Annotated[int, Meta(ge=1, le=10_000_000, description="Requests a tenant may send at once after being idle (bucket size).")] = 100
+    rate_per_s: Annotated[
+        float, Meta(gt=0, le=1_000_000, description="Requests per second each tenant may sustain.")
+    ] = 50.0
+    burst: Annotated[
+        int, Meta(ge=1, le=10_000_000, description="Requests a tenant may send at once after being idle (bucket size).")
+    ] = 100
     max_tenants: Annotated[
-        int, Meta(ge=1, le=10_000_000, description="Tenants tracked at once; the least recently seen is forgotten (and so starts full again).")
+        int,
+        Meta(
+            ge=1,
+            le=10_000_000,
+            description="Tenants tracked at once; the least recently seen is forgotten (and so starts full again).",
+        ),
     ] = 10_000
 
 
@@ -90,17 +142,25 @@ class Latency(Section):
     """Windowed latency quantiles (service, queue wait, end to end) and the client timeout hint."""
 
     window_s: Annotated[float, Meta(gt=0, le=3600, description="How far back quantiles look.")] = 60.0
-    sub_windows: Annotated[
-        int, Meta(ge=1, le=60, description="The window moves in window_s / sub_windows steps.")
-    ] = 6
+    sub_windows: Annotated[int, Meta(ge=1, le=60, description="The window moves in window_s / sub_windows steps.")] = 6
     relative_error_pct: Annotated[
         float, Meta(ge=0.5, le=10, description="Quantile accuracy: relative error of the log-bucket histograms.")
     ] = 2.0
     max_keys: Annotated[
-        int, Meta(ge=1, le=100_000, description="(route, cost bucket) keys tracked per family; the least recently recorded is dropped.")
+        int,
+        Meta(
+            ge=1,
+            le=100_000,
+            description="(route, cost bucket) keys tracked per family; the least recently recorded is dropped.",
+        ),
     ] = 256
     min_samples: Annotated[
-        int, Meta(ge=1, le=1_000_000, description="Samples a key needs before its p99 replaces the model's expected service time.")
+        int,
+        Meta(
+            ge=1,
+            le=1_000_000,
+            description="Samples a key needs before its p99 replaces the model's expected service time.",
+        ),
     ] = 20
     quantile_refresh_ms: Annotated[
         int, Meta(ge=0, le=60_000, description="Quantile answers are reused this long (0: computed on every query).")
@@ -131,7 +191,9 @@ def shed_config(section: Shedding, n_classes: int) -> ShedConfig:
 
 
 def retry_after(section: Shedding, rng: RandomSource) -> RetryAfter:
-    return RetryAfter(section.retry_after_min_ms, section.retry_after_max_ms, section.retry_after_jitter_pct / 100.0, rng)
+    return RetryAfter(
+        section.retry_after_min_ms, section.retry_after_max_ms, section.retry_after_jitter_pct / 100.0, rng
+    )
 
 
 def shedder(section: Shedding, n_classes: int, rng: RandomSource) -> Shedder:

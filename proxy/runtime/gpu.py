@@ -192,7 +192,9 @@ class GpuSampler:
         return max(fractions) if fractions else None
 
     def statistics(self) -> GpuStatistics:
-        return GpuStatistics(self.available, self.reason, self._samples, self._errors, self.memory_fraction(), self._readings)
+        return GpuStatistics(
+            self.available, self.reason, self._samples, self._errors, self.memory_fraction(), self._readings
+        )
 
 
 def _set(gauge, label: str, value: float | None) -> None:

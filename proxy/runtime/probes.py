@@ -88,10 +88,7 @@ def plan_for(warmup: Warmup) -> ProbePlan:
 
 async def read_bodies(probes: Sequence[Probe]) -> list[bytes]:
     """Each probe's body; body_file is read now, so an edited file counts at the next warm-up."""
-    return [
-        await trio.Path(p.body_file).read_bytes() if p.body_file else p.body.encode("utf-8")
-        for p in probes
-    ]
+    return [await trio.Path(p.body_file).read_bytes() if p.body_file else p.body.encode("utf-8") for p in probes]
 
 
 async def run_probes(

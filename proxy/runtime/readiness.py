@@ -41,11 +41,15 @@ class ReadinessStatistics:
 class UpstreamLifecycles:
     """Every upstream's lifecycle, and the sidecar's readiness derived from them."""
 
-    def __init__(self, policy: Policy, *, metrics: Metrics | None = None, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self, policy: Policy, *, metrics: Metrics | None = None, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
         self.policy = policy
         self.metrics = metrics if metrics is not None else Metrics()
         self._transport = transport  # tests pass httpx.MockTransport; production: real sockets
-        self.warmers = [UpstreamWarmer(i, u.url, policy, self.metrics, self._recount) for i, u in enumerate(policy.upstreams)]
+        self.warmers = [
+            UpstreamWarmer(i, u.url, policy, self.metrics, self._recount) for i, u in enumerate(policy.upstreams)
+        ]
         self.ready = False  # at least one upstream ramping or warm
         self._ready_event = trio.Event()
         self.metrics.upstreams_ready.set(0)

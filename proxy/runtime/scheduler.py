@@ -70,9 +70,7 @@ class Slot:
     def queue_ms(self) -> float:
         return 0.0 if self.lease is None else self.lease.queue_ms
 
-    def done(
-        self, outcome: Outcome, rtt_ms: float | None = None, observed: Observed | None = None
-    ) -> None:
+    def done(self, outcome: Outcome, rtt_ms: float | None = None, observed: Observed | None = None) -> None:
         """End the lease; feeds the limit and the service model. Once only."""
         if self.lease is None or self._done:
             raise LeaseError("done() on a slot without a live lease")
@@ -203,9 +201,7 @@ class Scheduler:
                     self._deliver(ctl.expire(trio.current_time()))
                     self._deliver(ctl.take_woken())
                     waiter.scope = trio.CancelScope(deadline=_or_inf(ctl.expiry_of(ticket.id)))
-            await (
-                trio.lowlevel.checkpoint_if_cancelled()
-            )  # cancelled as it was woken: never forward
+            await trio.lowlevel.checkpoint_if_cancelled()  # cancelled as it was woken: never forward
         except BaseException:
             self._abandon(ticket, waiter)
             raise
@@ -214,9 +210,7 @@ class Scheduler:
         result = waiter.result
         if isinstance(result, Admit):
             return Slot(self, result.lease, None)
-        return Slot(
-            self, None, Reject(Reason.DEADLINE_EXPIRED, None, "the deadline passed while queued")
-        )
+        return Slot(self, None, Reject(Reason.DEADLINE_EXPIRED, None, "the deadline passed while queued"))
 
     def _abandon(self, ticket: Ticket, waiter: _Waiter) -> None:
         """The waiting task is leaving by an exception (cancelled): leave nothing behind."""
@@ -245,9 +239,7 @@ class Scheduler:
                 else:
                     self._m.rejected(d.ticket.klass, d.reason)
 
-    def _release(
-        self, lease: Lease, outcome: Outcome, rtt_ms: float | None, observed: Observed | None
-    ) -> None:
+    def _release(self, lease: Lease, outcome: Outcome, rtt_ms: float | None, observed: Observed | None) -> None:
         woken = self.controller.release(lease, trio.current_time(), outcome, rtt_ms, observed)
         if self._m:
             self._m.released(lease, outcome, rtt_ms, observed)
@@ -300,19 +292,13 @@ class _Instruments:
             self._limits[i] = limit
             self._child("limit_changes", str(i), cap.limits[i].last_reason).inc()
 
-    def released(
-        self, lease: Lease, outcome: Outcome, rtt_ms: float | None, observed: Observed | None
-    ) -> None:
+    def released(self, lease: Lease, outcome: Outcome, rtt_ms: float | None, observed: Observed | None) -> None:
         self.limit_changes(lease.upstream)
         if outcome is Outcome.SUCCESS and rtt_ms is not None and lease.ticket.expected_ms > 0:
-            self._child("cost_estimate_error_ratio", "service_time").observe(
-                rtt_ms / lease.ticket.expected_ms
-            )
+            self._child("cost_estimate_error_ratio", "service_time").observe(rtt_ms / lease.ticket.expected_ms)
             estimated = lease.ticket.cost.output_tokens
             if observed is not None and observed.output_tokens is not None and estimated > 0:
-                self._child("cost_estimate_error_ratio", "output_tokens").observe(
-                    observed.output_tokens / estimated
-                )
+                self._child("cost_estimate_error_ratio", "output_tokens").observe(observed.output_tokens / estimated)
 
     def everything(self) -> None:
         """(Re)bind the scrape-time levels; after a reload the class set may differ."""

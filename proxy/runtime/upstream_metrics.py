@@ -69,7 +69,9 @@ def parse_saturation(text: str) -> UpstreamSaturation:
 
 
 class UpstreamMetricsReader:
-    def __init__(self, policy: Policy, *, metrics: Metrics | None = None, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self, policy: Policy, *, metrics: Metrics | None = None, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
         self.policy = policy
         self.metrics = metrics if metrics is not None else Metrics()
         self._transport = transport

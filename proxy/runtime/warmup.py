@@ -142,7 +142,9 @@ class UpstreamWarmer:
         if attempt.cancel_called:
             return None
         if overall.cancelled_caught:
-            self.last_problem = f"warm-up: not passed within overall_timeout_s = {warmup.overall_timeout_s:g} ({plan!r})"
+            self.last_problem = (
+                f"warm-up: not passed within overall_timeout_s = {warmup.overall_timeout_s:g} ({plan!r})"
+            )
         elif not verdict.passed:
             self.last_problem = f"warm-up: {verdict.reason}"
         if overall.cancelled_caught or not verdict.passed:
@@ -209,7 +211,10 @@ class UpstreamWarmer:
             return 0.0
         s = self.policy.slow_start
         return slow_start_factor(
-            now - self.lifecycle.since, window_s=self.lifecycle.ramp_window_s, aggression=s.aggression, min_weight=s.min_weight
+            now - self.lifecycle.since,
+            window_s=self.lifecycle.ramp_window_s,
+            aggression=s.aggression,
+            min_weight=s.min_weight,
         )
 
     def describe(self, now: float) -> str:

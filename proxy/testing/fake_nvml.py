@@ -108,7 +108,9 @@ class FakeNvml:
 
     def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu) -> SimpleNamespace:
         return self._read(
-            "nvmlDeviceGetUtilizationRates", handle, lambda g: SimpleNamespace(gpu=g.utilization_pct, memory=g.memory_util_pct)
+            "nvmlDeviceGetUtilizationRates",
+            handle,
+            lambda g: SimpleNamespace(gpu=g.utilization_pct, memory=g.memory_util_pct),
         )
 
     def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu, version: int | None = None) -> SimpleNamespace:

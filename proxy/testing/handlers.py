@@ -104,7 +104,7 @@ class Gate:
                 await sink.respond(200, TEXT, b"released\n")
             else:
                 await sink.start(200, TEXT)
-                for chunk, opened in zip(self.chunks, self.opens):
+                for chunk, opened in zip(self.chunks, self.opens, strict=False):
                     await sink.send(chunk)
                     await opened.wait()
                 await sink.end()
@@ -170,9 +170,7 @@ class H2Peer:
         self.stream = stream
         self.auto_ack = auto_ack
         self.obey_stream_limit = obey_stream_limit  # False: open streams past the server's limit
-        self.conn = h2.connection.H2Connection(
-            h2.config.H2Configuration(client_side=True, header_encoding=None)
-        )
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
         self.settings = settings or {}
         self.streams: dict[int, PeerStream] = {}
         self.goaway: tuple[int, int] | None = None  # (error_code, last_stream_id)
@@ -246,9 +244,7 @@ class H2Peer:
             elif isinstance(event, h2.events.DataReceived) and stream:
                 stream.chunks.append(event.data)
                 if self.auto_ack and event.flow_controlled_length:
-                    self.conn.acknowledge_received_data(
-                        event.flow_controlled_length, event.stream_id
-                    )
+                    self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             elif isinstance(event, h2.events.StreamEnded) and stream:
                 stream.ended = True
             elif isinstance(event, h2.events.StreamReset) and stream:

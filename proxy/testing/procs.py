@@ -59,9 +59,7 @@ class Proc:
             cmd = ["taskset", "-c", str(cpu), *cmd]
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed by stop(), lives as long as the process
-        self.popen = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=self._log, env=full_env, text=True, bufsize=1
-        )
+        self.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, env=full_env, text=True, bufsize=1)
         self.addresses = self._wait_ready(ready_timeout_s)
         # Keep draining stdout so the child never blocks on a full pipe.
         self._pump = threading.Thread(target=self._drain_stdout, daemon=True)
@@ -76,7 +74,7 @@ class Proc:
             for line in self.popen.stdout:
                 self._log.write(line)
                 if line.startswith(READY_PREFIX):
-                    result.update(json.loads(line[len(READY_PREFIX):]))
+                    result.update(json.loads(line[len(READY_PREFIX) :]))
                     break
             done.set()
 

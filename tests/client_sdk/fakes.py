@@ -45,9 +45,7 @@ class FixedRandom(random.Random):
         return self.value
 
 
-def rejection_headers(
-    reason: wire.Reason | str, retry_after_ms: int | None = None
-) -> dict[str, str]:
+def rejection_headers(reason: wire.Reason | str, retry_after_ms: int | None = None) -> dict[str, str]:
     headers = {"content-type": "application/json", wire.REASON: str(reason)}
     if retry_after_ms is not None:
         headers[wire.RETRY_AFTER] = str(max(1, -(-retry_after_ms // 1000)))
@@ -64,9 +62,7 @@ def rejected(reason: wire.Reason, retry_after_ms: int | None = None) -> Outcome:
             "retry_after_ms": retry_after_ms,
         }
     }
-    return Outcome(
-        wire.STATUS_FOR_REASON[reason], rejection_headers(reason, retry_after_ms), json=body
-    )
+    return Outcome(wire.STATUS_FOR_REASON[reason], rejection_headers(reason, retry_after_ms), json=body)
 
 
 @dataclass
@@ -80,9 +76,7 @@ class Outcome:
     def respond(self, request: httpx.Request) -> httpx.Response:
         if self.raises is not None:
             raise self.raises(f"scripted {self.raises.__name__}", request=request)
-        return httpx.Response(
-            self.status, headers=self.headers, json=self.json if self.json is not None else {}
-        )
+        return httpx.Response(self.status, headers=self.headers, json=self.json if self.json is not None else {})
 
 
 def ok(**headers: str) -> Outcome:

@@ -156,8 +156,6 @@ def test_the_deadline_bounds_an_attempt_in_flight_under_asyncio() -> None:
         transport = AsyncResilientTransport(httpx.MockTransport(hangs))
         async with httpx.AsyncClient(transport=transport) as client:
             with pytest.raises(DeadlineExceeded):
-                await client.get(
-                    "http://pod.test/v1/models", headers={wire.REQUEST_TIMEOUT_MS: "50"}
-                )
+                await client.get("http://pod.test/v1/models", headers={wire.REQUEST_TIMEOUT_MS: "50"})
 
     asyncio.run(asyncio.wait_for(main(), 10))

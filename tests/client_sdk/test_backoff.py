@@ -14,9 +14,7 @@ from tests.client_sdk.fakes import FixedRandom
 
 def test_ceilings_grow_by_the_multiplier_up_to_the_cap() -> None:
     backoff = Backoff(base_s=0.1, cap_s=1.0, multiplier=2.0)
-    assert [backoff.ceiling(n) for n in range(1, 7)] == pytest.approx(
-        [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
-    )
+    assert [backoff.ceiling(n) for n in range(1, 7)] == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0, 1.0])
 
 
 def test_defaults_are_base_100ms_cap_5s_multiplier_2() -> None:

@@ -83,9 +83,7 @@ def test_concurrent_timeouts_at_the_same_hint_double_it_once() -> None:
     time = FakeTime()
     engine = Engine(RetryConfig(), clock=time.clock, rng=FixedRandom(0.5))
     first = httpx.Request("GET", URL)
-    engine.after_attempt(
-        engine.begin(first), httpx.Response(200, headers=HINT, request=first), None
-    )
+    engine.after_attempt(engine.begin(first), httpx.Response(200, headers=HINT, request=first), None)
     requests = [httpx.Request("GET", URL) for _ in range(4)]
     calls = [engine.begin(r) for r in requests]
     for call, request in zip(calls, requests, strict=True):

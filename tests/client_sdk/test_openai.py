@@ -20,9 +20,7 @@ COMPLETION = {
     "object": "chat.completion",
     "created": 1,
     "model": "m",
-    "choices": [
-        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hello"}}
-    ],
+    "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hello"}}],
 }
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -40,9 +40,7 @@ from tests.client_sdk.fakes import (
 URL = "http://pod.test/v1/completions"
 
 
-def make(
-    script: Script, time: FakeTime, rng: random.Random | None = None, **config: object
-) -> httpx.Client:
+def make(script: Script, time: FakeTime, rng: random.Random | None = None, **config: object) -> httpx.Client:
     transport = ResilientTransport(
         httpx.MockTransport(script),
         RetryConfig(**config),

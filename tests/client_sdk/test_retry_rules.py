@@ -26,9 +26,7 @@ from tests.client_sdk.fakes import (
 RETRIED, NOT_RETRIED = 2, 1
 
 
-def send(
-    first: Outcome, method: str = "POST", key: bool | None = None, content: object = b"{}"
-) -> Script:
+def send(first: Outcome, method: str = "POST", key: bool | None = None, content: object = b"{}") -> Script:
     time = FakeTime()
     script = Script(first, ok(), time=time)
     transport = ResilientTransport(
@@ -88,9 +86,7 @@ def ids(cases: list[tuple[str, Outcome]]) -> list[str]:
 
 
 @pytest.mark.parametrize(("name", "outcome"), ALWAYS, ids=ids(ALWAYS))
-def test_not_run_outcomes_are_retried_even_for_post_without_a_key(
-    name: str, outcome: Outcome
-) -> None:
+def test_not_run_outcomes_are_retried_even_for_post_without_a_key(name: str, outcome: Outcome) -> None:
     assert send(outcome, "POST", key=False).attempts == RETRIED
 
 
@@ -107,9 +103,7 @@ def test_maybe_run_outcomes_are_retried_for_post_with_a_key(name: str, outcome: 
 
 
 @pytest.mark.parametrize(("name", "outcome"), IF_SAFE, ids=ids(IF_SAFE))
-def test_maybe_run_outcomes_are_not_retried_for_post_without_a_key(
-    name: str, outcome: Outcome
-) -> None:
+def test_maybe_run_outcomes_are_not_retried_for_post_without_a_key(name: str, outcome: Outcome) -> None:
     assert send(outcome, "POST", key=False).attempts == NOT_RETRIED
 
 

@@ -37,7 +37,5 @@ def test_a_body_that_cannot_be_replayed_is_never_retried(signal: Signal) -> None
 
 def test_idempotent_methods_are_rfc_9110s() -> None:
     assert [
-        m
-        for m in ("GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE", "POST", "PATCH", "CONNECT")
-        if is_idempotent(m)
+        m for m in ("GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE", "POST", "PATCH", "CONNECT") if is_idempotent(m)
     ] == ["GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"]

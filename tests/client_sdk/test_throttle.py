@@ -72,9 +72,7 @@ def test_rejects_nonsense(kwargs: dict[str, float]) -> None:
     events=st.lists(st.tuples(st.floats(0, 3), st.booleans()), max_size=300),
     buckets=st.integers(1, 12),
 )
-def test_running_totals_equal_a_recount_of_the_window(
-    events: list[tuple[float, bool]], buckets: int
-) -> None:
+def test_running_totals_equal_a_recount_of_the_window(events: list[tuple[float, bool]], buckets: int) -> None:
     """Invariant: the O(1) totals match counting every event still in the window."""
     throttle = AdaptiveThrottle(k=2.0, window_s=float(buckets), buckets=buckets)  # 1 s buckets
     now, seen = 0.0, []

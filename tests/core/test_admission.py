@@ -31,10 +31,7 @@ _ids = itertools.count(1_000_000)
 
 def patient_classes() -> dict:
     """The default classes with no practical max_queue_wait_ms, so order tests see pure SJF/class order."""
-    return {
-        n: msgspec.structs.replace(c, max_queue_wait_ms=86_400_000)
-        for n, c in default_classes().items()
-    }
+    return {n: msgspec.structs.replace(c, max_queue_wait_ms=86_400_000) for n, c in default_classes().items()}
 
 
 def make_policy(
@@ -87,9 +84,7 @@ def admitted_ids(decisions) -> list[int]:
     return [d.ticket.id for d in decisions if isinstance(d, Admit)]
 
 
-def run_one_at_a_time(
-    ctl: AdmissionController, first: Admit, now: float, step: float = 1.0
-) -> list[int]:
+def run_one_at_a_time(ctl: AdmissionController, first: Admit, now: float, step: float = 1.0) -> list[int]:
     """Release the running lease repeatedly; the order in which waiters get in."""
     order, lease = [], first.lease
     while lease is not None:
@@ -149,8 +144,11 @@ def test_sjf_admission_order_matches_the_aging_formula(items, aging):
         ctl.arrive(t, float(at))
         queued.append((t, float(at)))
     now = 100.0
+
     # expected_ms - aging_ms_per_s * waited_s, in integers (exact), ties by arrival
-    key = lambda q: (int(q[0].expected_ms) - aging * int(now - q[1]), q[1])
+    def key(q):
+        return (int(q[0].expected_ms) - aging * int(now - q[1]), q[1])
+
     expected_order = [t.id for t, _ in sorted(queued, key=key)]
     assert run_one_at_a_time(ctl, first, now - 1.0, step=0.0) == expected_order
 
@@ -175,17 +173,11 @@ def test_strict_class_order():
 
 def test_weighted_classes_share_by_weight():
     classes = {
-        "gold": ClassPolicy(
-            priority=0, weight=3, max_queue_length=10_000, max_queue_wait_ms=86_400_000
-        ),
-        "bronze": ClassPolicy(
-            priority=1, weight=1, max_queue_length=10_000, max_queue_wait_ms=86_400_000
-        ),
+        "gold": ClassPolicy(priority=0, weight=3, max_queue_length=10_000, max_queue_wait_ms=86_400_000),
+        "bronze": ClassPolicy(priority=1, weight=1, max_queue_length=10_000, max_queue_wait_ms=86_400_000),
     }
     pol = make_policy(1, class_mode="weighted", classes=classes)
-    pol = msgspec.structs.replace(
-        pol, scheduling=msgspec.structs.replace(pol.scheduling, default_class="gold")
-    )
+    pol = msgspec.structs.replace(pol, scheduling=msgspec.structs.replace(pol.scheduling, default_class="gold"))
     ctl = controller(pol)
     first = ctl.arrive(ticket("gold"), 0.0)
     klass = {}
@@ -212,18 +204,13 @@ def test_queue_full_is_a_reject_with_retry_after():
     classes = {**default_classes(), "interactive": ClassPolicy(max_queue_length=2)}
     ctl = controller(make_policy(1, classes=classes))
     ctl.arrive(ticket(), 0.0)
-    assert isinstance(ctl.arrive(ticket(), 0.0), Enqueue) and isinstance(
-        ctl.arrive(ticket(), 0.0), Enqueue
-    )
+    assert isinstance(ctl.arrive(ticket(), 0.0), Enqueue) and isinstance(ctl.arrive(ticket(), 0.0), Enqueue)
     verdict = ctl.arrive(ticket(), 0.0)
     assert isinstance(verdict, Reject) and verdict.reason is Reason.QUEUE_FULL
     assert 500 <= verdict.retry_after_ms <= 60_000
     status, headers, _ = verdict.response()
     assert status == 503 and (b"x-rampmeter-reason", b"queue_full") in headers
-    assert (
-        ctl.statistics()["counts"]["rejected"] == {"queue_full": 1}
-        and ctl.depth("interactive") == 2
-    )
+    assert ctl.statistics()["counts"]["rejected"] == {"queue_full": 1} and ctl.depth("interactive") == 2
 
 
 def test_zero_queue_length_means_admit_now_or_reject():
@@ -269,9 +256,7 @@ def test_deadlines_expire_queued_tickets_and_are_never_admitted_late():
     assert ctl.next_expiry() == 1.5
     assert ctl.expire(1.4) == []
     expired = ctl.expire(1.5)
-    assert [e.ticket.id for e in expired] == [soon.id] and expired[
-        0
-    ].reason is Reason.DEADLINE_EXPIRED
+    assert [e.ticket.id for e in expired] == [soon.id] and expired[0].reason is Reason.DEADLINE_EXPIRED
     assert admitted_ids(ctl.release(first.lease, 3.0, Outcome.SUCCESS, 5.0)) == [later.id]
 
 
@@ -301,9 +286,7 @@ def test_pre_enqueue_checks_run_in_order_and_see_the_controller():
     ctl = controller()
     seen = []
     ctl.checks.append(lambda c, t, now: seen.append((c, t.klass, now)))
-    ctl.checks.append(
-        lambda c, t, now: Reject(Reason.GPU_PRESSURE, 1000, "hot") if t.klass == "batch" else None
-    )
+    ctl.checks.append(lambda c, t, now: Reject(Reason.GPU_PRESSURE, 1000, "hot") if t.klass == "batch" else None)
     ctl.checks.append(lambda c, t, now: pytest.fail("not reached for batch"))
     assert ctl.arrive(ticket("batch"), 3.0) == Reject(Reason.GPU_PRESSURE, 1000, "hot")
     assert seen == [(ctl, "batch", 3.0)]
@@ -317,9 +300,7 @@ def test_token_limits_and_oversized_requests():
     huge = ticket(units=50_000)  # more than the whole limit: runs alone, charged the limit
     ctl.arrive(huge, 0.0)
     woken = ctl.release(a.lease, 1.0, Outcome.SUCCESS, 5.0)
-    assert [d.lease.units for d in woken] == [
-        500
-    ]  # SJF by expected time, all 100 ms: arrival order
+    assert [d.lease.units for d in woken] == [500]  # SJF by expected time, all 100 ms: arrival order
     woken = ctl.release(woken[0].lease, 2.0, Outcome.SUCCESS, 5.0)
     assert [(d.ticket.id, d.lease.units) for d in woken] == [(huge.id, 1000)]
 
@@ -345,9 +326,7 @@ def test_capacity_factor_closes_and_reopens_an_upstream():
 
 def test_success_feeds_the_limit_and_the_service_model():
     ctl = controller(make_policy(10, kind="gradient"))
-    cost = ctl.estimate(
-        "/v1/chat/completions", b'{"messages":[{"role":"user","content":"hello"}],"max_tokens":100}'
-    )
+    cost = ctl.estimate("/v1/chat/completions", b'{"messages":[{"role":"user","content":"hello"}],"max_tokens":100}')
     t = ctl.ticket("interactive", cost)
     d = ctl.arrive(t, 0.0)
     ctl.release(d.lease, 1.0, Outcome.SUCCESS, 400.0, Observed(prompt_tokens=2, output_tokens=20))
@@ -435,19 +414,11 @@ ops = st.lists(
     st.booleans(),
     st.integers(1, 3),
 )
-def test_inflight_never_exceeds_the_limit_and_overdue_entries_go_first(
-    steps, limit, unit, reserve, upstreams
-):
+def test_inflight_never_exceeds_the_limit_and_overdue_entries_go_first(steps, limit, unit, reserve, upstreams):
     scale = 100 if unit == "tokens" else 1
     reserved = {"realtime": scale} if reserve and limit >= 2 else {}
-    classes = {
-        n: msgspec.structs.replace(c, max_queue_wait_ms=300) for n, c in default_classes().items()
-    }
-    ctl = controller(
-        make_policy(
-            limit * scale, unit=unit, reserved=reserved, classes=classes, upstreams=upstreams
-        )
-    )
+    classes = {n: msgspec.structs.replace(c, max_queue_wait_ms=300) for n, c in default_classes().items()}
+    ctl = controller(make_policy(limit * scale, unit=unit, reserved=reserved, classes=classes, upstreams=upstreams))
     now, leases = 0.0, []
 
     def check(admits):
@@ -471,9 +442,7 @@ def test_inflight_never_exceeds_the_limit_and_overdue_entries_go_first(
                 now,
             )
             if isinstance(d, Admit):
-                assert (
-                    not overdue or klass in reserved
-                )  # nobody overtakes an overdue entry in the pool
+                assert not overdue or klass in reserved  # nobody overtakes an overdue entry in the pool
                 check([d])
             check(ctl.take_woken())
         elif op == "release" and leases:
@@ -481,17 +450,12 @@ def test_inflight_never_exceeds_the_limit_and_overdue_entries_go_first(
             woken = ctl.release(lease, now, random.Random(n).choice(list(Outcome)), float(n))
             if not reserved and woken and isinstance(woken[0], Admit):
                 oldest_overdue = min(
-                    (
-                        e.enqueued_at
-                        for e in ctl.waitline._entries.values()
-                        if now >= e.enqueued_at + 0.3
-                    ),
+                    (e.enqueued_at for e in ctl.waitline._entries.values() if now >= e.enqueued_at + 0.3),
                     default=None,
                 )
                 assert (
                     oldest_overdue is None
-                    or woken[0].lease.admitted_at - woken[0].lease.queue_ms / 1000
-                    <= oldest_overdue + 1e-9
+                    or woken[0].lease.admitted_at - woken[0].lease.queue_ms / 1000 <= oldest_overdue + 1e-9
                 )
             check(woken)
         elif op == "cancel" and ctl.waitline._entries:
@@ -562,9 +526,12 @@ def test_the_load_snapshot_gives_each_class_its_own_oldest_wait_and_every_rule_r
     assert snap.head_wait_by_class == pytest.approx((0.0, 300.0, 500.0)) and snap.head_wait_ms == pytest.approx(500.0)
     assert (snap.inflight, snap.limit) == (1, 1)
     # The default rules (saturation is opt-in; nothing has drained yet, so it would fire).
-    every_rule = Shedder(ShedConfig(weights=class_weights(3, 0.25), saturation_growth_ratio=None,
-                                    codel_target_ms=100.0, codel_interval_ms=100.0),
-                         RetryAfter(100, 30_000, 0.0, random.Random(0)))
+    every_rule = Shedder(
+        ShedConfig(
+            weights=class_weights(3, 0.25), saturation_growth_ratio=None, codel_target_ms=100.0, codel_interval_ms=100.0
+        ),
+        RetryAfter(100, 30_000, 0.0, random.Random(0)),
+    )
     assert every_rule.check(snap, 0, 0.5) is None
     later = ctl.load_snapshot(0.7, ranked)  # a full interval above target for batch and interactive
     assert every_rule.check(later, 0, 0.7) is None

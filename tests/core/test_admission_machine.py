@@ -61,9 +61,7 @@ class AdmissionMachine(RuleBasedStateMachine):
     def admitted(self, d: Admit) -> None:
         self.move(d.ticket.id, "admit")
         t = d.ticket
-        if (
-            t.deadline is not None
-        ):  # nothing past its deadline is admitted; from the queue, nothing past its expiry
+        if t.deadline is not None:  # nothing past its deadline is admitted; from the queue, nothing past its expiry
             assert self.now < t.deadline
             assert d.lease.queue_ms == 0 or self.now < self.ctl.waitline.expires_at(t)
         self.leases[t.id] = d.lease
@@ -74,9 +72,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         budget=st.one_of(st.none(), st.integers(1, 3000)),
     )
     def arrive(self, klass, expected, budget):
-        t = ticket(
-            klass, float(expected), deadline=None if budget is None else self.now + budget / 1000.0
-        )
+        t = ticket(klass, float(expected), deadline=None if budget is None else self.now + budget / 1000.0)
         self.tickets[t.id] = t
         d = self.ctl.arrive(t, self.now)
         if isinstance(d, Admit):
@@ -112,9 +108,7 @@ class AdmissionMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(s == "queued" for s in self.state.values()))
     @rule(data=st.data())
     def client_goes_away_while_queued(self, data):
-        ticket_id = data.draw(
-            st.sampled_from(sorted(i for i, s in self.state.items() if s == "queued"))
-        )
+        ticket_id = data.draw(st.sampled_from(sorted(i for i, s in self.state.items() if s == "queued")))
         assert self.ctl.cancel(ticket_id, self.now)
         self.move(ticket_id, "cancel")
         self.absorb(self.ctl.take_woken())
@@ -130,11 +124,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         reserved = self.reserved if limit > 1 else {}
         self.reserved = reserved
         self.limit = limit
-        self.absorb(
-            self.ctl.apply_policy(
-                make_policy(limit, order=order, reserved=reserved, upstreams=2), self.now
-            )
-        )
+        self.absorb(self.ctl.apply_policy(make_policy(limit, order=order, reserved=reserved, upstreams=2), self.now))
 
     @invariant()
     def books_balance(self):
@@ -152,9 +142,7 @@ class AdmissionMachine(RuleBasedStateMachine):
     def never_above_the_limit_unless_it_shrank(self):
         if hasattr(self, "ctl"):
             for i in range(2):
-                assert self.ctl.capacity.used[i] <= max(
-                    self.ctl.capacity.limit(i), self._limit_at_admission(i)
-                )
+                assert self.ctl.capacity.used[i] <= max(self.ctl.capacity.limit(i), self._limit_at_admission(i))
 
     def _limit_at_admission(self, i: int) -> int:
         # A reload may lower the limit below what is already in flight; nothing new is admitted then.
@@ -173,7 +161,5 @@ class AdmissionMachine(RuleBasedStateMachine):
             assert sum(self.ctl.capacity.requests) == 0 and sum(self.ctl.capacity.used) == 0
 
 
-AdmissionMachine.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=30, deadline=None
-)
+AdmissionMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
 TestAdmissionMachine = AdmissionMachine.TestCase

@@ -82,13 +82,9 @@ def test_completion_prompt_shapes(est, prompt, tokens, batch):
     )
 
 
-@pytest.mark.parametrize(
-    "value, tokens", [("a" * 9, 3), (["aaaa", "bbbbbbbb"], 3), ([7, 8, 9], 3), ([[1], [2, 3]], 3)]
-)
+@pytest.mark.parametrize("value, tokens", [("a" * 9, 3), (["aaaa", "bbbbbbbb"], 3), ([7, 8, 9], 3), ([[1], [2, 3]], 3)])
 def test_embeddings_have_no_output(est, value, tokens):
-    assert est.estimate(EMB, body({"input": value, "model": "e"})) == Cost(
-        tokens, 0, tokens, CostSource.PARSED, EMB
-    )
+    assert est.estimate(EMB, body({"input": value, "model": "e"})) == Cost(tokens, 0, tokens, CostSource.PARSED, EMB)
 
 
 def test_chars_per_token_is_per_route():
@@ -164,9 +160,7 @@ parts = st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts})
 
 @given(
     st.lists(
-        st.fixed_dictionaries(
-            {"role": st.just("user"), "content": st.one_of(texts, parts, st.none())}
-        ),
+        st.fixed_dictionaries({"role": st.just("user"), "content": st.one_of(texts, parts, st.none())}),
         max_size=5,
     ),
     st.one_of(st.none(), st.integers(0, 10_000)),

@@ -42,7 +42,15 @@ def test_default_is_capped_too():
     assert dl.budget_ms(None, None, default_ms=90_000, max_ms=60_000) == 60_000
 
 
-@pytest.mark.parametrize(("header", "grpc", "name"), [(b"-5", None, REQUEST_TIMEOUT_MS), (b"1.5", None, REQUEST_TIMEOUT_MS), (None, b"5x", GRPC_TIMEOUT), (None, b"S", GRPC_TIMEOUT)])
+@pytest.mark.parametrize(
+    ("header", "grpc", "name"),
+    [
+        (b"-5", None, REQUEST_TIMEOUT_MS),
+        (b"1.5", None, REQUEST_TIMEOUT_MS),
+        (None, b"5x", GRPC_TIMEOUT),
+        (None, b"S", GRPC_TIMEOUT),
+    ],
+)
 def test_malformed_timeout_headers_name_the_header(header, grpc, name):
     with pytest.raises(HeaderError) as info:
         dl.budget_ms(header, grpc, default_ms=1, max_ms=2)

@@ -129,6 +129,13 @@ def test_stored_round_trips_through_msgpack_and_knows_its_size():
 
 def test_storable_statuses():
     assert [s for s in (100, 200, 204, 301, 400, 404, 408, 409, 425, 429, 499, 500, 502) if d.is_storable(s)] == [
-        100, 200, 204, 301, 400, 404, 409, 499,
+        100,
+        200,
+        204,
+        301,
+        400,
+        404,
+        409,
+        499,
     ]
     assert Reason.IDEMPOTENCY_KEY_REUSED.value == "idempotency_key_reused"

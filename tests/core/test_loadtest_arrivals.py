@@ -31,15 +31,17 @@ def test_poisson_rate_and_exponential_gaps_with_a_fixed_seed():
     n = len(offs)
     # Count: Poisson(20000), sd 141; this seed lands well within 3 sd.
     assert abs(n - rate * duration) < 3 * math.sqrt(rate * duration)
-    assert list(offs) == sorted(offs) and 0 <= offs[0] and offs[-1] < duration
+    assert list(offs) == sorted(offs) and offs[0] >= 0 and offs[-1] < duration
     g = sorted(gaps(offs))
     mean = sum(g) / len(g)
     sd = math.sqrt(sum((x - mean) ** 2 for x in g) / (len(g) - 1))
     assert mean == pytest.approx(1 / rate, rel=0.03)
     assert sd / mean == pytest.approx(1.0, rel=0.03)  # exponential: coefficient of variation 1
     # Kolmogorov-Smirnov against Exp(rate): D below the 1% critical value 1.63/sqrt(n).
-    d = max(max(abs((i + 1) / len(g) - (1 - math.exp(-rate * x))), abs(i / len(g) - (1 - math.exp(-rate * x))))
-            for i, x in enumerate(g))
+    d = max(
+        max(abs((i + 1) / len(g) - (1 - math.exp(-rate * x))), abs(i / len(g) - (1 - math.exp(-rate * x))))
+        for i, x in enumerate(g)
+    )
     assert d < 1.63 / math.sqrt(len(g))
     # Memorylessness, roughly: the share of gaps above the mean is e^-1.
     assert sum(x > 1 / rate for x in g) / len(g) == pytest.approx(math.exp(-1), abs=0.01)
@@ -81,7 +83,7 @@ def test_trace_is_a_value_of_its_seed_and_subsets_match_the_whole():
     mix = Mix.parse("short_chat=3,long_chat=1")
     plan = Plan.sweep([100, 200, 300], step_s=5, warmup_s=1)
     t1, t2 = build_trace(plan, mix, 11), build_trace(plan, mix, 11)
-    for a, b in zip(t1.steps, t2.steps):
+    for a, b in zip(t1.steps, t2.steps, strict=False):
         assert a.offsets == b.offsets and a.choices == b.choices
     one = t1.subset([1]).steps
     assert len(one) == 1 and one[0].offsets == t1.steps[1].offsets and one[0].choices == t1.steps[1].choices
@@ -103,7 +105,7 @@ def test_unique_keys_and_duplicates_repeat_key_and_shape():
     assert len(set(unique.keys)) == len(unique)
     dup = build_trace(plan, mix, 1, idempotency="unique", dup_fraction=0.2).steps[0]
     first_choice: dict[int, int] = {}
-    for key, choice in zip(dup.keys, dup.choices):
+    for key, choice in zip(dup.keys, dup.choices, strict=False):
         assert first_choice.setdefault(key, choice) == choice  # a repeated key always carries the same request
     repeated = len(dup) - len(set(dup.keys))
     assert repeated / len(dup) == pytest.approx(0.2, abs=0.03)

@@ -12,11 +12,12 @@ from proxy.loadtest.verdict import SLA, StepVerdict, cost, find_knee, parse_dura
 SLA_500 = SLA.parse("p99=500ms")
 
 
-def curve(p99s: list[float], loads: list[float] | None = None, invalid: frozenset[int] = frozenset(),
-          sla: SLA = SLA_500) -> list[StepVerdict]:
+def curve(
+    p99s: list[float], loads: list[float] | None = None, invalid: frozenset[int] = frozenset(), sla: SLA = SLA_500
+) -> list[StepVerdict]:
     loads = loads or [100.0 * (i + 1) for i in range(len(p99s))]
     out = []
-    for i, (load, p99) in enumerate(zip(loads, p99s)):
+    for i, (load, p99) in enumerate(zip(loads, p99s, strict=False)):
         misses = (f"p99 {p99} > 500",) if p99 > 500 else ()
         out.append(StepVerdict(i, load, i not in invalid, not misses, i in invalid, misses, load, load * 0.98, p99))
     return out

@@ -62,7 +62,12 @@ def test_policies_differ_only_in_order_and_load():
     a, b = msgspec.to_builtins(fcfs), msgspec.to_builtins(sjf)
     assert a["scheduling"].pop("order") == "fcfs" and b["scheduling"].pop("order") == "sjf"
     assert a == b
-    assert (sjf.limits.kind, sjf.limits.initial_limit, sjf.shedding.rules, sjf.slow_start.window_s) == ("fixed", 24, [], 0)
+    assert (sjf.limits.kind, sjf.limits.initial_limit, sjf.shedding.rules, sjf.slow_start.window_s) == (
+        "fixed",
+        24,
+        [],
+        0,
+    )
     assert list(sjf.classes) == ["chat"] and sjf.classes["chat"].on_unmeetable == "try"
     assert sjf.classes["chat"].max_queue_wait_ms == 5000  # 10 s at speed 1, scaled by speed 2
 

@@ -49,27 +49,38 @@ def test_jsonl_bodies_and_envelopes():
     lines = [
         '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}',
         "",
-        ('{"body": {"prompt": "x", "stream": true}, "class": "batch", "deadline_ms": 900, "cost_hint": 12,'
-        ' "weight": 2}'),
+        (
+            '{"body": {"prompt": "x", "stream": true}, "class": "batch", "deadline_ms": 900, "cost_hint": 12,'
+            ' "weight": 2}'
+        ),
         '{"body": {"input": "abc"}, "name": "emb", "path": "/v2/embed"}',
     ]
     mix = parse_lines(lines, "w.jsonl", model="m1")
     chat, comp, emb = mix.shapes
     assert (chat.name, chat.path, body(chat)["model"]) == ("chat", "/v1/chat/completions", "m1")
-    assert (comp.name, comp.stream, comp.cls, comp.deadline_ms, comp.cost_hint, comp.weight) == \
-        ("completion_stream", True, "batch", 900, 12, 2.0)
+    assert (comp.name, comp.stream, comp.cls, comp.deadline_ms, comp.cost_hint, comp.weight) == (
+        "completion_stream",
+        True,
+        "batch",
+        900,
+        12,
+        2.0,
+    )
     assert dict(comp.headers())[b"x-cost-hint"] == b"12"
     assert (emb.name, emb.path) == ("emb", "/v2/embed")
 
 
-@pytest.mark.parametrize(("line", "message"), [
-    ("{broken", "w.jsonl:2: invalid JSON"),
-    ("[1, 2]", "w.jsonl:2: each line must be a JSON object"),
-    ('{"body": {"prompt": "x"}, "priority": "high"}', "w.jsonl:2: unknown key(s) priority"),
-    ('{"model": "m"}', "w.jsonl:2: cannot tell the endpoint"),
-    ('{"body": {"prompt": "x"}, "deadline_ms": -5}', "w.jsonl:2: 'deadline_ms' must be a positive integer"),
-    ('{"body": {"prompt": "x"}, "weight": 0}', "w.jsonl:2: 'weight' must be a number > 0"),
-])
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{broken", "w.jsonl:2: invalid JSON"),
+        ("[1, 2]", "w.jsonl:2: each line must be a JSON object"),
+        ('{"body": {"prompt": "x"}, "priority": "high"}', "w.jsonl:2: unknown key(s) priority"),
+        ('{"model": "m"}', "w.jsonl:2: cannot tell the endpoint"),
+        ('{"body": {"prompt": "x"}, "deadline_ms": -5}', "w.jsonl:2: 'deadline_ms' must be a positive integer"),
+        ('{"body": {"prompt": "x"}, "weight": 0}', "w.jsonl:2: 'weight' must be a number > 0"),
+    ],
+)
 def test_malformed_jsonl_lines_name_file_and_line(line, message):
     with pytest.raises(JsonlError) as info:
         parse_lines(['{"prompt": "ok"}', line], "w.jsonl")

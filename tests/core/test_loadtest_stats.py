@@ -40,8 +40,10 @@ def test_nearest_rank_percentiles_of_1_to_100():
         percentile([1.0], 0)
 
 
-@given(st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), min_size=1, max_size=200),
-       st.sampled_from([50.0, 95.0, 99.0, 99.9]))
+@given(
+    st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), min_size=1, max_size=200),
+    st.sampled_from([50.0, 95.0, 99.0, 99.9]),
+)
 def test_percentile_is_a_sample_with_enough_mass_below(values, q):
     ordered = sorted(values)
     p = percentile(ordered, q)
@@ -52,16 +54,30 @@ def test_percentile_is_a_sample_with_enough_mass_below(values, q):
 
 def test_summary_in_milliseconds():
     s = summarize([0.001 * i for i in range(1, 1001)])  # 1..1000 ms
-    assert (s.count, s.p50_ms, s.p99_ms, s.p999_ms, s.max_ms) == (1000, pytest.approx(500), pytest.approx(990),
-                                                                   pytest.approx(999), pytest.approx(1000))
+    assert (s.count, s.p50_ms, s.p99_ms, s.p999_ms, s.max_ms) == (
+        1000,
+        pytest.approx(500),
+        pytest.approx(990),
+        pytest.approx(999),
+        pytest.approx(1000),
+    )
     assert s.mean_ms == pytest.approx(500.5)
     assert s.at(99) == s.p99_ms and summarize([]) is None
     with pytest.raises(ValueError):
         s.at(90)
 
 
-def row(rec: Records, intended: float, latency: float, status: int = 200, error: int = OK, shape: int = 0,
-        reason: int = 0, ttft: float = math.nan, tokens: int = 0) -> None:
+def row(
+    rec: Records,
+    intended: float,
+    latency: float,
+    status: int = 200,
+    error: int = OK,
+    shape: int = 0,
+    reason: int = 0,
+    ttft: float = math.nan,
+    tokens: int = 0,
+) -> None:
     i = rec.append(intended, shape)
     rec.sent[i] = intended
     rec.end[i] = intended + latency
@@ -135,8 +151,9 @@ def test_sender_lateness_marks_a_step_invalid():
     sla = SLA.parse("p99=2s", max_failed_fraction=1.0)
     ok = analyze([run_of(rec, lateness=[0.001] * 100)], SHAPES, reasons, sla, unit="rps", max_lateness_ms=10)
     assert ok.steps[0].valid and ok.valid and ok.steps[0].verdict.within_sla
-    late = analyze([run_of(rec, lateness=[0.001] * 98 + [0.05, 0.06])], SHAPES, reasons, sla, unit="rps",
-                   max_lateness_ms=10)
+    late = analyze(
+        [run_of(rec, lateness=[0.001] * 98 + [0.05, 0.06])], SHAPES, reasons, sla, unit="rps", max_lateness_ms=10
+    )
     step = late.steps[0]
     assert not step.valid and not late.valid and step.verdict.late
     assert "behind schedule" in step.invalid_reasons[0]

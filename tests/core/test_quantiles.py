@@ -123,7 +123,9 @@ def test_statistics_and_repr():
     assert "count=4" in repr(tracker)
 
 
-@pytest.mark.parametrize(("cost", "bucket"), [(0, 0), (1, 1), (2, 2), (3, 2), (4, 3), (1023, 10), (1024, 11), (-5, 0), (1 << 60, 40)])
+@pytest.mark.parametrize(
+    ("cost", "bucket"), [(0, 0), (1, 1), (2, 2), (3, 2), (4, 3), (1023, 10), (1024, 11), (-5, 0), (1 << 60, 40)]
+)
 def test_cost_buckets_are_powers_of_two(cost, bucket):
     assert cost_bucket(cost) == bucket
 

@@ -39,7 +39,9 @@ def test_base_grows_with_backlog(a, b, rate):
     assert retry.base_ms(drain_ms(small, rate)) <= retry.base_ms(drain_ms(large, rate))
 
 
-@given(st.floats(min_value=0, allow_infinity=True), unit, st.integers(0, 5_000), st.integers(1, 60_000), st.floats(0, 1))
+@given(
+    st.floats(min_value=0, allow_infinity=True), unit, st.integers(0, 5_000), st.integers(1, 60_000), st.floats(0, 1)
+)
 def test_always_within_bounds(drain, u, min_ms, max_ms, jitter):
     min_ms = min(min_ms, max_ms)
     value = RetryAfter(min_ms, max_ms, jitter, FixedRandom(u))(drain)

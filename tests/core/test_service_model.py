@@ -105,9 +105,7 @@ def test_recent_error_falls_as_the_model_learns():
 
 
 @given(
-    st.lists(
-        st.tuples(st.integers(0, 100_000), st.integers(0, 10_000), st.floats(0.0, 1e7)), max_size=60
-    ),
+    st.lists(st.tuples(st.integers(0, 100_000), st.integers(0, 10_000), st.floats(0.0, 1e7)), max_size=60),
     st.integers(0, 100_000),
     st.integers(0, 10_000),
 )
@@ -156,8 +154,7 @@ def test_prior_samples_mean_what_they_say_in_every_dimension():
                 m.observe(p, o, ms)
                 seen.append((p, o))
             shares = [
-                (prior.predict_ms(p, o) - m.predict_ms(p, o))
-                / (prior.predict_ms(p, o) - (20.0 + 0.02 * p + 7.0 * o))
+                (prior.predict_ms(p, o) - m.predict_ms(p, o)) / (prior.predict_ms(p, o) - (20.0 + 0.02 * p + 7.0 * o))
                 for p, o in seen
             ]
             assert low < sum(shares) / len(shares) < high, (n0, n, m)
@@ -211,10 +208,7 @@ def test_service_models_use_the_fill_of_the_requested_size():
     for _ in range(200):
         models.learn(route.path_prefix, 100, 32, 300.0, 250.0, observed_output=32)
         models.learn(route.path_prefix, 1500, 512, 1500.0, 1400.0, observed_output=128)
-    assert (
-        models.fill(route.path_prefix, 32) > 0.99
-        and abs(models.fill(route.path_prefix, 512) - 0.25) < 0.01
-    )
+    assert models.fill(route.path_prefix, 32) > 0.99 and abs(models.fill(route.path_prefix, 512) - 0.25) < 0.01
     assert 0.5 < models.fill(route.path_prefix) < 0.7 and models.fill("/nope", 32) == 1.0
     stats = models.statistics()[route.path_prefix]
     assert set(stats["output_fill_ratio_by_requested"]) == {32, 512} and stats["samples"] == 400

@@ -97,7 +97,13 @@ def test_saturation_needs_the_limit_reached_and_the_queue_growing():
 
 
 def test_codel_sheds_on_a_standing_queue_and_stops_when_it_drains():
-    shedder = make(codel_target_ms=50.0, codel_interval_ms=100.0, max_queued=None, gpu_memory_high_water=None, saturation_growth_ratio=None)
+    shedder = make(
+        codel_target_ms=50.0,
+        codel_interval_ms=100.0,
+        max_queued=None,
+        gpu_memory_high_water=None,
+        saturation_growth_ratio=None,
+    )
     shedder.on_dequeue(80.0, BATCH, 0.00)
     shedder.on_dequeue(70.0, BATCH, 0.05)
     standing = snap((0, 3, 5), head_wait_ms=90.0, drain_rate_per_s=10.0, head_wait_by_class=(0.0, 0.0, 90.0))
@@ -115,22 +121,39 @@ def test_codel_sheds_on_a_standing_queue_and_stops_when_it_drains():
 def test_codel_sees_a_standing_low_class_queue_behind_short_high_class_waits():
     """Strict priority at 2x: interactive is served at once, batch waits out its deadline.
     One CoDel over every class saw the interactive dequeues' short waits and never fired."""
-    shedder = make(codel_target_ms=50.0, codel_interval_ms=100.0, max_queued=None, gpu_memory_high_water=None, saturation_growth_ratio=None)
+    shedder = make(
+        codel_target_ms=50.0,
+        codel_interval_ms=100.0,
+        max_queued=None,
+        gpu_memory_high_water=None,
+        saturation_growth_ratio=None,
+    )
     for i in range(30):  # 0 .. 0.29 s: interactive leaves after 5 ms; batch's oldest keeps ageing
         now = i * 0.01
         shedder.on_dequeue(5.0, INTERACTIVE, now)
-        assert shedder.check(snap((0, 1, 4), head_wait_by_class=(0.0, 5.0, 500.0 + now * 1000)), INTERACTIVE, now) is None
+        assert (
+            shedder.check(snap((0, 1, 4), head_wait_by_class=(0.0, 5.0, 500.0 + now * 1000)), INTERACTIVE, now) is None
+        )
     batch = shedder.check(snap((0, 1, 4), head_wait_by_class=(0.0, 5.0, 800.0)), BATCH, 0.30)
     assert batch is not None and batch.reason is Reason.OVERLOADED and batch.retry_after_ms is not None
     assert [c.mode.value for c in shedder.statistics().codel] == ["normal", "normal", "dropping"]
 
 
 def test_codel_sheds_every_class_below_one_with_a_standing_queue():
-    shedder = make(codel_target_ms=50.0, codel_interval_ms=100.0, max_queued=None, gpu_memory_high_water=None, saturation_growth_ratio=None)
+    shedder = make(
+        codel_target_ms=50.0,
+        codel_interval_ms=100.0,
+        max_queued=None,
+        gpu_memory_high_water=None,
+        saturation_growth_ratio=None,
+    )
     waits = (0.0, 400.0, 0.0)  # interactive stands; batch has nobody queued right now
     for i in range(25):
         shedder.check(snap((0, 5, 0), head_wait_by_class=waits), REALTIME, i * 0.01)
-    shed = [shedder.check(snap((0, 5, 0), head_wait_by_class=waits), r, 0.25) is not None for r in (REALTIME, INTERACTIVE, BATCH)]
+    shed = [
+        shedder.check(snap((0, 5, 0), head_wait_by_class=waits), r, 0.25) is not None
+        for r in (REALTIME, INTERACTIVE, BATCH)
+    ]
     assert shed == [False, True, True]
 
 
@@ -169,7 +192,12 @@ def test_reject_response_follows_the_wire_contract():
     status, headers, body = Reject(Reason.QUEUE_FULL, 1500, "full").response()
     assert status == 503
     assert dict(headers)[REASON.encode()] == b"queue_full"
-    assert json.loads(body)["error"] == {"type": "rampmeter_rejected", "code": "queue_full", "message": "full", "retry_after_ms": 1500}
+    assert json.loads(body)["error"] == {
+        "type": "rampmeter_rejected",
+        "code": "queue_full",
+        "message": "full",
+        "retry_after_ms": 1500,
+    }
 
 
 def test_statistics_count_by_reason_and_repr():

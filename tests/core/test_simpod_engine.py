@@ -199,8 +199,14 @@ def test_a_request_bigger_than_the_cache_is_refused_at_submit() -> None:
 # --- invariants under random workloads ---
 ops = st.lists(
     st.one_of(
-        st.tuples(st.just("submit"), st.integers(1, 60), st.integers(1, 8), st.integers(0, 30),
-                  st.booleans(), st.sampled_from([None, 0.01, 0.05])),
+        st.tuples(
+            st.just("submit"),
+            st.integers(1, 60),
+            st.integers(1, 8),
+            st.integers(0, 30),
+            st.booleans(),
+            st.sampled_from([None, 0.01, 0.05]),
+        ),
         st.tuples(st.just("step"), st.floats(0.0, 0.005)),
         st.tuples(st.just("cancel"), st.integers(0, 200)),
     ),

@@ -18,8 +18,13 @@ LLM = PROFILES["llm"]
 
 
 def test_prompt_tokens_are_ceil_of_chars_over_chars_per_token() -> None:
-    body = {"model": "m", "messages": [{"role": "system", "content": "abcde"},
-                                        {"role": "user", "content": [{"type": "text", "text": "fgh"}]}]}
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "abcde"},
+            {"role": "user", "content": [{"type": "text", "text": "fgh"}]},
+        ],
+    }
     job = parse_job(CHAT, body, LLM)
     assert job.prompt_tokens == math.ceil(8 / 4) and job.output_tokens == LLM.default_max_tokens
     assert parse_job(COMPLETION, {"prompt": "x" * 9, "max_tokens": 5}, LLM).prompt_tokens == 3
@@ -64,8 +69,10 @@ def test_stop_distribution_is_deterministic_per_body_and_seed() -> None:
     bodies = [{"prompt": f"request {i}", "max_tokens": 200} for i in range(200)]
     lengths = [parse_job(COMPLETION, b, profile, seed=7).output_tokens for b in bodies]
     # the same body as bytes (any key order, any spacing) gives the same length
-    again = [parse_job(COMPLETION, json.dumps(dict(reversed(b.items())), indent=1).encode(), profile, seed=7)
-             .output_tokens for b in bodies]
+    again = [
+        parse_job(COMPLETION, json.dumps(dict(reversed(b.items())), indent=1).encode(), profile, seed=7).output_tokens
+        for b in bodies
+    ]
     assert lengths == again
     assert [parse_job(COMPLETION, b, profile, seed=8).output_tokens for b in bodies] != lengths
     assert all(1 <= n <= 200 for n in lengths)
@@ -92,8 +99,10 @@ def test_oracle_gives_true_length_and_uncontended_service_time() -> None:
 
 def test_fixed_profile_runs_exactly_n_steps_and_its_capacity_formula() -> None:
     fixed = get_profile("fixed", speed=10.0)
-    for kind, body in ((CHAT, {"messages": [{"role": "user", "content": "x" * 999}], "max_tokens": 3}),
-                       (EMBEDDING, {"input": "hi"})):
+    for kind, body in (
+        (CHAT, {"messages": [{"role": "user", "content": "x" * 999}], "max_tokens": 3}),
+        (EMBEDDING, {"input": "hi"}),
+    ):
         assert oracle(kind, body, fixed).steps == fixed.fixed_steps
         assert oracle(kind, body, fixed).service_s == pytest.approx(fixed.fixed_steps * fixed.base_ms / 1000 / 10)
     assert fixed.fixed_capacity_rps() == pytest.approx(32 / (10 * 0.010 / 10))
@@ -135,8 +144,10 @@ def test_fault_json_bodies() -> None:
             fault_from_json(bad, 0.0)
 
 
-@given(st.lists(st.tuples(st.floats(0.1, 10), st.floats(0, 1), st.floats(0, 50), st.floats(0, 50)), max_size=5),
-       st.floats(0, 100))
+@given(
+    st.lists(st.tuples(st.floats(0.1, 10), st.floats(0, 1), st.floats(0, 50), st.floats(0, 50)), max_size=5),
+    st.floats(0, 100),
+)
 def test_combined_fault_state_is_always_valid(windows, now) -> None:
     faults = Faults([Fault(s, e, a, a + d) for s, e, a, d in windows])
     state = faults.at(now)

@@ -52,9 +52,7 @@ def test_fixed_key_orders_exactly_like_the_aging_formula(items, aging_ms_per_s, 
     q = ClassQueue("c", "sjf", aging_ms_per_s, max_wait_s=1e9)
     fill(q, items)
     # expected_ms - aging * waited, with aging in ms per s and waits in whole seconds: exact integers
-    by_formula = sorted(
-        range(len(items)), key=lambda i: (items[i][0] - aging_ms_per_s * (now - items[i][1]), i)
-    )
+    by_formula = sorted(range(len(items)), key=lambda i: (items[i][0] - aging_ms_per_s * (now - items[i][1]), i))
     assert drain(q) == by_formula
 
 

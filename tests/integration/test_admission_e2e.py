@@ -62,8 +62,19 @@ def start_sidecar(pod, tmp_path):
     def start(text: str) -> Proc:
         path = tmp_path / f"policy{len(started)}.toml"
         path.write_text(text)
-        argv = ["serve", "--policy", str(path), "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0",
-                "--upstream", pod.url(), "--log-level", "warning"]
+        argv = [
+            "serve",
+            "--policy",
+            str(path),
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--upstream",
+            pod.url(),
+            "--log-level",
+            "warning",
+        ]
         proc = Proc(argv, name="sidecar")
         started.append(proc)
         wait_for(lambda: _ready(proc), timeout_s=20)
@@ -182,7 +193,9 @@ async def test_full_class_queue_answers_503_queue_full_per_the_wire_contract(sta
                 nursery.start_soon(partial(client.post, url, json=chat(2, f"q{i}")))
             await until(lambda: _stat(client, proxy, lambda a: a["queued"] == 2))
             resp = await client.post(url, json=chat(2, "one too many"))
-            rejected = await metric(client, proxy, 'rampmeter_admission_rejected_total{class="chat",reason="queue_full"}')
+            rejected = await metric(
+                client, proxy, 'rampmeter_admission_rejected_total{class="chat",reason="queue_full"}'
+            )
             nursery.cancel_scope.cancel()  # the others need not finish
     assert resp.status_code == 503
     assert resp.headers[wire.REASON] == "queue_full"
@@ -198,8 +211,9 @@ async def test_full_class_queue_answers_503_queue_full_per_the_wire_contract(sta
 async def test_unknown_priority_falls_back_to_the_default_class_and_is_counted(start_sidecar):
     proxy = start_sidecar(policy("sjf", limit=2))
     async with httpx.AsyncClient(timeout=30) as client:
-        resp = await client.post(proxy.url() + "/v1/chat/completions", json=chat(2),
-                                 headers={wire.PRIORITY: "platinum"})
+        resp = await client.post(
+            proxy.url() + "/v1/chat/completions", json=chat(2), headers={wire.PRIORITY: "platinum"}
+        )
         known = await client.post(proxy.url() + "/v1/chat/completions", json=chat(2), headers={wire.PRIORITY: "chat"})
         unknown = await metric(client, proxy, "rampmeter_unknown_priority_total")
         admitted = await metric(client, proxy, 'rampmeter_admitted_total{class="chat"}')

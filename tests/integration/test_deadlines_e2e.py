@@ -39,12 +39,19 @@ enabled = false
 
 
 def chat(max_tokens: int, *, stream: bool = False) -> dict:
-    return {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens, "stream": stream}
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
 
 
 @pytest.fixture(scope="module")
 def pod() -> Iterator[Proc]:
-    with Proc(["sim-pod", "--listen", "127.0.0.1:0", "--profile", "llm", "--speed", str(SPEED)], name="sim-pod") as proc:
+    with Proc(
+        ["sim-pod", "--listen", "127.0.0.1:0", "--profile", "llm", "--speed", str(SPEED)], name="sim-pod"
+    ) as proc:
         yield proc
 
 
@@ -62,8 +69,17 @@ def sidecar(fresh_pod: Proc, tmp_path):
         def start(limit: int = 4, extra: str = "") -> Proc:
             path = tmp_path / f"policy-{time.monotonic_ns()}.toml"
             path.write_text(BASE_POLICY.format(limit=limit) + extra)
-            argv = ["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--upstream", fresh_pod.url(),
-                    "--policy", str(path)]
+            argv = [
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin",
+                "127.0.0.1:0",
+                "--upstream",
+                fresh_pod.url(),
+                "--policy",
+                str(path),
+            ]
             proc = stack.enter_context(Proc(argv, name="sidecar"))
             wait_for(lambda: _get(proc.url("admin") + "/readyz").status_code == 200, timeout_s=20)
             return proc
@@ -99,7 +115,9 @@ def reason(resp: httpx.Response) -> tuple[int, str | None]:
     return resp.status_code, resp.headers.get("x-rampmeter-reason")
 
 
-async def test_deadline_shorter_than_service_is_refused_before_the_deadline_and_the_pod_does_nothing(sidecar, fresh_pod):
+async def test_deadline_shorter_than_service_is_refused_before_the_deadline_and_the_pod_does_nothing(
+    sidecar, fresh_pod
+):
     proxy = sidecar()
     async with httpx.AsyncClient(base_url=proxy.url(), timeout=20) as client:
         started = time.monotonic()
@@ -109,7 +127,9 @@ async def test_deadline_shorter_than_service_is_refused_before_the_deadline_and_
     assert elapsed < 1.0  # the answer comes before the client's own deadline, not at or after it
     assert "retry-after" not in resp.headers  # only a larger budget helps
     assert resp.json()["error"] == {
-        "type": "rampmeter_rejected", "code": "deadline_unmeetable", "retry_after_ms": None,
+        "type": "rampmeter_rejected",
+        "code": "deadline_unmeetable",
+        "retry_after_ms": None,
         "message": "the request's timeout is shorter than its expected service time; raise it",
     }
     stats = await pod_stats(fresh_pod)
@@ -190,7 +210,9 @@ async def test_tenant_over_quota_gets_429_tenant_quota(sidecar, fresh_pod):
 
 async def test_under_overload_batch_is_shed_before_interactive(sidecar, fresh_pod):
     # Top-class queue cap 4, halved per class rank: realtime 4, interactive 2, batch 1.
-    proxy = sidecar(limit=1, extra='[shedding]\nrules = ["queue_length"]\nmax_queued_requests = 4\nclass_step_pct = 50\n')
+    proxy = sidecar(
+        limit=1, extra='[shedding]\nrules = ["queue_length"]\nmax_queued_requests = 4\nclass_step_pct = 50\n'
+    )
     answers: list[httpx.Response] = []
     timeout = {"x-request-timeout-ms": "20000"}
     async with httpx.AsyncClient(base_url=proxy.url(), timeout=30) as client:

@@ -34,8 +34,9 @@ AUTH_A, AUTH_B = "Bearer tenant-a", "Bearer tenant-b"
 
 
 def completion(prompt: str = "hello", stream: bool = False) -> bytes:
-    return json.dumps({"model": "sim-fixed", "messages": [{"role": "user", "content": prompt}],
-                       "stream": stream}).encode()
+    return json.dumps(
+        {"model": "sim-fixed", "messages": [{"role": "user", "content": prompt}], "stream": stream}
+    ).encode()
 
 
 def new_key(name: str) -> str:
@@ -47,8 +48,22 @@ class Sidecar:
 
     def __init__(self, pod: Proc, policy_path, dedup: dict) -> None:
         policy_path.write_text("[dedup]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in dedup.items()))
-        self.proc = Proc(["serve", "--policy", str(policy_path), "--listen", "127.0.0.1:0", "--admin",
-                          "127.0.0.1:0", "--upstream", pod.url(), "--log-level", "warning"], name="rampmeter")
+        self.proc = Proc(
+            [
+                "serve",
+                "--policy",
+                str(policy_path),
+                "--listen",
+                "127.0.0.1:0",
+                "--admin",
+                "127.0.0.1:0",
+                "--upstream",
+                pod.url(),
+                "--log-level",
+                "warning",
+            ],
+            name="rampmeter",
+        )
         self.url, self.admin = self.proc.url(), self.proc.url("admin")
         wait_for(lambda: httpx.get(self.admin + "/readyz", timeout=2).status_code == 200, timeout_s=15)
 
@@ -87,10 +102,12 @@ def sidecar(pod, tmp_path_factory):
 def start_sidecar(pod, tmp_path):
     names = itertools.count()
     with contextlib.ExitStack() as stack:
+
         def start(**dedup) -> Sidecar:
             one = Sidecar(pod, tmp_path / f"policy{next(names)}.toml", dedup)
             stack.callback(one.stop)
             return one
+
         yield start
 
 
@@ -102,8 +119,9 @@ def executions(pod: Proc, key: str) -> int:
     return pod_stats(pod)["executions_by_idempotency_key"].get(key, 0)
 
 
-async def post(client: httpx.AsyncClient, url: str, key: str | None, body: bytes = completion(),
-               auth: str | None = AUTH_A) -> httpx.Response:
+async def post(
+    client: httpx.AsyncClient, url: str, key: str | None, body: bytes = completion(), auth: str | None = AUTH_A
+) -> httpx.Response:
     headers = {"content-type": "application/json"}
     if key is not None:
         headers[wire.IDEMPOTENCY_KEY] = key
@@ -178,8 +196,9 @@ async def test_coalesced_streams_deliver_identical_bytes(pod, sidecar):
 
     async def read(client: httpx.AsyncClient) -> None:
         headers = {"content-type": "application/json", "authorization": AUTH_A, wire.IDEMPOTENCY_KEY: key}
-        async with client.stream("POST", sidecar.url + "/v1/chat/completions", content=completion(stream=True),
-                                 headers=headers) as resp:
+        async with client.stream(
+            "POST", sidecar.url + "/v1/chat/completions", content=completion(stream=True), headers=headers
+        ) as resp:
             assert resp.status_code == 200
             data = b""
             async for chunk in resp.aiter_raw():
@@ -242,6 +261,7 @@ async def test_conflict_mode_answers_409_while_the_first_is_running(pod, start_s
     firsts: list[httpx.Response] = []
     with trio.fail_after(30):
         async with httpx.AsyncClient(timeout=20) as client:
+
             async def first() -> None:
                 firsts.append(await post(client, one.url, key))
 

@@ -97,7 +97,10 @@ async def test_a_crashed_replicas_claim_lapses_after_its_lease(redis_server):
 
 async def test_a_live_leader_refreshes_its_lease(redis_server):
     with trio.fail_after(15):
-        async with replica(redis_server.url, lease_ms=800) as (a, _, _), replica(redis_server.url, lease_ms=800) as (b, _, _):
+        async with (
+            replica(redis_server.url, lease_ms=800) as (a, _, _),
+            replica(redis_server.url, lease_ms=800) as (b, _, _),
+        ):
             leader = (await begin(a)).handle
             await trio.sleep(2.0)  # two and a half leases
             follower = await begin(b)
@@ -126,8 +129,10 @@ async def test_tenants_never_see_each_others_responses(redis_server):
 
 async def test_redis_killed_under_fail_open_serves_then_recovers(redis_server):
     with trio.fail_after(20):
-        async with replica(redis_server.url, on_store_error="fail_open", store_retry_ms=300) as (a, ma, _), \
-                replica(redis_server.url) as (b, _, _):
+        async with (
+            replica(redis_server.url, on_store_error="fail_open", store_retry_ms=300) as (a, ma, _),
+            replica(redis_server.url) as (b, _, _),
+        ):
             redis_server.kill()
             degraded = await begin(a)
             assert isinstance(degraded, Leader) and degraded.handle.degraded

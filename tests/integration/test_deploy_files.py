@@ -87,7 +87,9 @@ def test_image_command_is_the_documented_serve_line_with_default_ports():
 
 def test_copied_sources_exist_and_are_not_docker_ignored():
     ignored = [
-        line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines() if line.strip() and not line.startswith("#")
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
     ]
     for op, args in dockerfile():
         if op != "COPY" or args.startswith("--from"):
@@ -96,13 +98,20 @@ def test_copied_sources_exist_and_are_not_docker_ignored():
         for src in sources:
             assert (ROOT / src).exists(), f"Dockerfile copies {src}, which is not in the repository"
             top = PurePosixPath(src).parts[0]
-            assert not any(fnmatch(src, pat) or fnmatch(top, pat) for pat in ignored), f"{src} is excluded by .dockerignore"
+            assert not any(fnmatch(src, pat) or fnmatch(top, pat) for pat in ignored), (
+                f"{src} is excluded by .dockerignore"
+            )
 
 
 def test_image_command_help_parses_every_flag():
     argv = image_argv()
     done = subprocess.run(
-        [sys.executable, "-m", "proxy", *argv[1:], "--help"], check=False, capture_output=True, text=True, timeout=60, cwd=ROOT
+        [sys.executable, "-m", "proxy", *argv[1:], "--help"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
     for flag in ("--policy", "--listen", "--admin"):
@@ -174,7 +183,8 @@ def test_probes_hit_the_admin_port_and_paths(sidecar):
 def test_grace_period_fits_the_drain_timeout(pod):
     policy = load_policy(POLICY)
     pre_stop = max(
-        (int(c["lifecycle"]["preStop"]["exec"]["command"][-1]) for c in pod["containers"] if "lifecycle" in c), default=0
+        (int(c["lifecycle"]["preStop"]["exec"]["command"][-1]) for c in pod["containers"] if "lifecycle" in c),
+        default=0,
     )
     assert pod["terminationGracePeriodSeconds"] >= pre_stop + policy.listen.drain_timeout_s + 5
 

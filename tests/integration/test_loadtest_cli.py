@@ -27,14 +27,37 @@ def pod():
 
 
 def loadtest(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "proxy", "loadtest", *args, "--progress", "plain"],
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", "loadtest", *args, "--progress", "plain"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def test_sweep_against_the_pod_finds_a_knee(pod, tmp_path):
-    out = loadtest(pod.url(), "--rate", "30,50,110,150", "--step-s", "3", "--warmup-s", "0.5",
-                   "--sla", "p99=350ms", "--max-lateness-ms", "50", "--mix", "short_chat=3,short_chat_stream=1",
-                   "--gpu-cost-per-hour", "2", "--out", str(tmp_path), "--timeout-ms", "5000")
+    out = loadtest(
+        pod.url(),
+        "--rate",
+        "30,50,110,150",
+        "--step-s",
+        "3",
+        "--warmup-s",
+        "0.5",
+        "--sla",
+        "p99=350ms",
+        "--max-lateness-ms",
+        "50",
+        "--mix",
+        "short_chat=3,short_chat_stream=1",
+        "--gpu-cost-per-hour",
+        "2",
+        "--out",
+        str(tmp_path),
+        "--timeout-ms",
+        "5000",
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "loadtest.json").read_text())
     loads = {s["load"]: s for s in doc["steps"]}
@@ -50,9 +73,28 @@ def test_sweep_against_the_pod_finds_a_knee(pod, tmp_path):
 
 
 def test_h2c_closed_loop_run(pod, tmp_path):
-    out = loadtest(pod.url(), "--protocol", "h2c", "--mode", "closed", "--users", "4", "--step-s", "2",
-                   "--warmup-s", "0.5", "--json", str(tmp_path / "r.json"), "--out", str(tmp_path), "--no-plots",
-                   "--idempotency", "unique", "--sla", "p99=1s")
+    out = loadtest(
+        pod.url(),
+        "--protocol",
+        "h2c",
+        "--mode",
+        "closed",
+        "--users",
+        "4",
+        "--step-s",
+        "2",
+        "--warmup-s",
+        "0.5",
+        "--json",
+        str(tmp_path / "r.json"),
+        "--out",
+        str(tmp_path),
+        "--no-plots",
+        "--idempotency",
+        "unique",
+        "--sla",
+        "p99=1s",
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "r.json").read_text())
     step = doc["steps"][0]["overall"]
@@ -63,11 +105,26 @@ def test_h2c_closed_loop_run(pod, tmp_path):
 
 def test_compare_prints_a_table_and_writes_an_overlay(pod, tmp_path):
     for name, rate in (("a", "20,40"), ("b", "20,40")):
-        out = loadtest(pod.url(), "--rate", rate, "--step-s", "1.5", "--warmup-s", "0.5", "--sla", "p99=1s",
-                       "--out", str(tmp_path / name), "--no-plots", "--name", name)
+        out = loadtest(
+            pod.url(),
+            "--rate",
+            rate,
+            "--step-s",
+            "1.5",
+            "--warmup-s",
+            "0.5",
+            "--sla",
+            "p99=1s",
+            "--out",
+            str(tmp_path / name),
+            "--no-plots",
+            "--name",
+            name,
+        )
         assert out.returncode == 0, out.stderr
-    out = loadtest("compare", str(tmp_path / "a" / "loadtest.json"), str(tmp_path / "b" / "loadtest.json"),
-                   "--out", str(tmp_path))
+    out = loadtest(
+        "compare", str(tmp_path / "a" / "loadtest.json"), str(tmp_path / "b" / "loadtest.json"), "--out", str(tmp_path)
+    )
     assert out.returncode == 0, out.stderr
     header = out.stdout.splitlines()[0]
     assert "load (req/s)" in header and "| a " in header and header.rstrip().endswith("b")
@@ -107,22 +164,29 @@ def test_a_target_that_returns_html_is_refused_with_a_message(html_server, tmp_p
 
 
 def test_h2c_against_an_http1_only_server_says_so(html_server, tmp_path):
-    out = loadtest(html_server, "--protocol", "h2c", "--rate", "5", "--step-s", "1", "--warmup-s", "0", "--out", str(tmp_path))
+    out = loadtest(
+        html_server, "--protocol", "h2c", "--rate", "5", "--step-s", "1", "--warmup-s", "0", "--out", str(tmp_path)
+    )
     assert out.returncode == 2 and "does it speak h2c? try --protocol http1" in out.stderr
 
 
 def test_unreachable_target(tmp_path):
-    out = loadtest(f"http://127.0.0.1:{free_port()}", "--rate", "5", "--step-s", "1", "--warmup-s", "0", "--out", str(tmp_path))
+    out = loadtest(
+        f"http://127.0.0.1:{free_port()}", "--rate", "5", "--step-s", "1", "--warmup-s", "0", "--out", str(tmp_path)
+    )
     assert out.returncode == 2 and "cannot reach http://127.0.0.1:" in out.stderr
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--mix", "short_chat,giant_chat"], "unknown shape 'giant_chat'"),
-    (["--sla", "p99<1s"], "bad SLA target"),
-    (["--mode", "closed"], "--mode closed needs --users"),
-    (["--users", "4"], "--users does not apply to --mode open"),
-    (["--rate", "0"], "loads must be > 0"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mix", "short_chat,giant_chat"], "unknown shape 'giant_chat'"),
+        (["--sla", "p99<1s"], "bad SLA target"),
+        (["--mode", "closed"], "--mode closed needs --users"),
+        (["--users", "4"], "--users does not apply to --mode open"),
+        (["--rate", "0"], "loads must be > 0"),
+    ],
+)
 def test_bad_flags_exit_2_with_a_message(args, message, tmp_path):
     argv = ["http://127.0.0.1:1", "--out", str(tmp_path), *args]
     if "--rate" not in args and "--mode" not in args and "--users" not in args:

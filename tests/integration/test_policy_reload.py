@@ -53,8 +53,19 @@ def serve(pod):
     started: list[Proc] = []
 
     def start(path: Path) -> Proc:
-        argv = ["serve", "--policy", str(path), "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0",
-                "--upstream", pod.url(), "--log-level", "info"]
+        argv = [
+            "serve",
+            "--policy",
+            str(path),
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--upstream",
+            pod.url(),
+            "--log-level",
+            "info",
+        ]
         proc = Proc(argv, name="sidecar")
         started.append(proc)
         wait_for(lambda: _get(proc, "/readyz") is not None, timeout_s=20)

@@ -52,8 +52,12 @@ on_unmeetable = "try"
 
 
 def chat(max_tokens: int, *, stream: bool = False) -> dict:
-    return {"model": "sim-llm", "messages": [{"role": "user", "content": "hello there"}],
-            "max_tokens": max_tokens, "stream": stream}
+    return {
+        "model": "sim-llm",
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
 
 
 def _status(url: str) -> int:
@@ -67,8 +71,19 @@ def _status(url: str) -> int:
 def sidecar(upstream: str, tmp_path, *, ready: bool = True) -> Iterator[Proc]:
     policy = tmp_path / f"policy-{time.monotonic_ns()}.toml"
     policy.write_text(POLICY)
-    argv = ["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--upstream", upstream,
-            "--policy", str(policy), "--log-level", "warning"]
+    argv = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--upstream",
+        upstream,
+        "--policy",
+        str(policy),
+        "--log-level",
+        "warning",
+    ]
     with Proc(argv, name="sidecar") as proc:
         if ready:
             wait_for(lambda: _status(proc.url("admin") + "/readyz") == 200, timeout_s=20)
@@ -117,15 +132,17 @@ class Recorder(httpx.BaseTransport):
 
 def openai_client(proxy: Proc, transport: client_sdk.ResilientTransport) -> openai.OpenAI:
     # max_retries=0: the SDK's transport does the retrying (two layers would multiply load).
-    return openai.OpenAI(base_url=proxy.url() + "/v1", api_key="x", max_retries=0,
-                         http_client=httpx.Client(transport=transport))
+    return openai.OpenAI(
+        base_url=proxy.url() + "/v1", api_key="x", max_retries=0, http_client=httpx.Client(transport=transport)
+    )
 
 
 def test_openai_sdk_non_streaming_through_the_transport(proxy, stats) -> None:
     transport = client_sdk.ResilientTransport()
     oai = openai_client(proxy, transport)
     raw = oai.chat.completions.with_raw_response.create(
-        model="sim-llm", messages=[{"role": "user", "content": "hello"}], max_tokens=12)
+        model="sim-llm", messages=[{"role": "user", "content": "hello"}], max_tokens=12
+    )
     completion = raw.parse()
     assert completion.usage.completion_tokens == 12 and completion.choices[0].message.content
     assert "x-rampmeter-queue-ms" in raw.headers  # it went through the sidecar
@@ -141,7 +158,8 @@ def test_openai_sdk_streaming_through_the_transport(proxy, stats) -> None:
     transport = client_sdk.ResilientTransport()
     oai = openai_client(proxy, transport)
     stream = oai.chat.completions.create(
-        model="sim-llm", messages=[{"role": "user", "content": "hello"}], max_tokens=9, stream=True)
+        model="sim-llm", messages=[{"role": "user", "content": "hello"}], max_tokens=9, stream=True
+    )
     deltas = [chunk.choices[0].delta.content for chunk in stream if chunk.choices and chunk.choices[0].delta.content]
     assert len(deltas) == 9
     assert stream.response.extensions["rampmeter"].attempts == 1
@@ -174,10 +192,15 @@ def test_async_client_under_asyncio(proxy, stats) -> None:
     async def main() -> None:
         async with client_sdk.AsyncClient(proxy.url()) as client:
             await exercise(client)
-        oai = openai.AsyncOpenAI(base_url=proxy.url() + "/v1", api_key="x", max_retries=0,
-                                 http_client=httpx.AsyncClient(transport=client_sdk.AsyncResilientTransport()))
+        oai = openai.AsyncOpenAI(
+            base_url=proxy.url() + "/v1",
+            api_key="x",
+            max_retries=0,
+            http_client=httpx.AsyncClient(transport=client_sdk.AsyncResilientTransport()),
+        )
         completion = await oai.chat.completions.create(
-            model="sim-llm", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+            model="sim-llm", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
         assert completion.usage.completion_tokens == 4
         await oai.close()
 
@@ -198,13 +221,16 @@ def test_a_503_with_retry_after_is_retried_with_the_same_key_until_the_pod_is_up
     port = free_port()  # the pod is not running yet: the sidecar answers 503 not_ready
     recorder = Recorder()
     config = client_sdk.RetryConfig(max_attempts=40)
-    with sidecar(f"http://127.0.0.1:{port}", tmp_path, ready=False) as proxy, \
-            client_sdk.Client(proxy.url(), config=config, transport=recorder) as client, \
-            concurrent.futures.ThreadPoolExecutor(1) as pool:
+    with (
+        sidecar(f"http://127.0.0.1:{port}", tmp_path, ready=False) as proxy,
+        client_sdk.Client(proxy.url(), config=config, transport=recorder) as client,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
         call = pool.submit(client.post, CHAT, json=chat(6), deadline_s=30.0)
         wait_for(lambda: any(a["status"] == 503 for a in recorder.attempts), timeout_s=10)
-        with Proc(["sim-pod", "--listen", f"127.0.0.1:{port}", "--profile", "llm", "--speed", "20"],
-                  name="sim-pod") as pod:
+        with Proc(
+            ["sim-pod", "--listen", f"127.0.0.1:{port}", "--profile", "llm", "--speed", "20"], name="sim-pod"
+        ) as pod:
             response = call.result(timeout=30)
             executed = httpx.get(pod.url() + "/sim/stats", timeout=5).json()["executions_by_idempotency_key"]
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 6

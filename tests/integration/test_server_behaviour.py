@@ -67,7 +67,7 @@ async def test_curl_sees_each_chunk_before_the_handler_sends_the_next(version):
                 argv = [curl, "-sSN", version, f"http://{address}/"]
                 proc = await nursery.start(partial(trio.run_process, argv, stdout=subprocess.PIPE))
                 seen = b""
-                for chunk, opened in zip(CHUNKS, gate.opens):
+                for chunk, opened in zip(CHUNKS, gate.opens, strict=False):
                     seen = await read_until(proc.stdout, chunk, seen)
                     assert not opened.is_set()  # arrived while the handler still waits
                     opened.set()
@@ -154,15 +154,11 @@ async def test_drain_finishes_in_flight_refuses_new_and_tells_clients():
                 h1_gate.release.set()
                 h2_gate.release.set()
                 answer = await read_to_eof(h1)
-                assert (
-                    answer.startswith(b"HTTP/1.1 200 ") and b"connection: close" in answer.lower()
-                )
+                assert answer.startswith(b"HTTP/1.1 200 ") and b"connection: close" in answer.lower()
                 await h2.until(lambda: h2.streams[sid].ended)
                 assert h2.streams[sid].body == b"released\n"
             assert server.statistics().connections_http1 == server.statistics().connections_h2 == 0
-    open_now = {
-        s.labels["protocol"]: s.value for s in metrics.connections_open.collect()[0].samples
-    }
+    open_now = {s.labels["protocol"]: s.value for s in metrics.connections_open.collect()[0].samples}
     assert open_now == {"http1": 0.0, "h2": 0.0}
 
 
@@ -208,9 +204,7 @@ async def test_h2_garbage_after_preface_gets_goaway_and_others_are_still_served(
             stream = await connect(address)
             peer = H2Peer(stream)
             await peer.start()
-            await stream.send_all(
-                b"\x00\x00\x08\x07\x00\x00\x00\x00\x01garbage!"
-            )  # GOAWAY on stream 1
+            await stream.send_all(b"\x00\x00\x08\x07\x00\x00\x00\x00\x01garbage!")  # GOAWAY on stream 1
             await peer.until(lambda: peer.goaway is not None)
             assert peer.goaway[0] == ErrorCodes.PROTOCOL_ERROR
             async with httpx.AsyncClient(http1=False, http2=True) as client:

@@ -33,9 +33,7 @@ async def serving(handler, limits: Listen | None = None, metrics: Metrics | None
 
 
 async def run(*argv: str, stdin: bytes | None = None) -> tuple[int, bytes, bytes]:
-    result = await trio.run_process(
-        list(argv), stdin=stdin, capture_stdout=True, capture_stderr=True, check=False
-    )
+    result = await trio.run_process(list(argv), stdin=stdin, capture_stdout=True, capture_stderr=True, check=False)
     return result.returncode, result.stdout, result.stderr
 
 
@@ -73,9 +71,7 @@ async def test_curl_get_and_post(version):
 
 async def test_curl_sends_expect_100_continue_for_large_bodies_and_gets_it(tmp_path):
     curl = require_binary("curl")
-    body = pattern(
-        2 * 1024 * 1024
-    )  # curl asks for 100-continue above 1 MB (from a file, not stdin)
+    body = pattern(2 * 1024 * 1024)  # curl asks for 100-continue above 1 MB (from a file, not stdin)
     (tmp_path / "body").write_bytes(body)
     with trio.fail_after(30):
         async with serving(ROUTES) as (_, address):

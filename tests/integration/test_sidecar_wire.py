@@ -45,7 +45,10 @@ def test_curl_through_the_sidecar(proxy, flag):
     curl = require_binary("curl")
     out = subprocess.run(
         [curl, "-s", "-i", flag, "--max-time", "20", proxy.url() + "/v1/chat/completions", "-d", json.dumps(CHAT)],
-        check=False, capture_output=True, text=True, timeout=30,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     head, _, body = out.stdout.partition("\n\n")  # text mode turned CRLF into LF
     assert " 200" in head.splitlines()[0]
@@ -73,7 +76,9 @@ def test_h2load_many_concurrent_requests_all_succeed(proxy, h1):
         json.dump({**CHAT, "max_tokens": 1}, f)
     argv = [h2load, "-n", "200", "-c", "4", "-m", "8", "-d", body, "-H", "content-type: application/json"]
     argv += ["--h1"] if h1 else []
-    out = subprocess.run([*argv, proxy.url() + "/v1/chat/completions"], check=False, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [*argv, proxy.url() + "/v1/chat/completions"], check=False, capture_output=True, text=True, timeout=60
+    )
     assert "200 succeeded, 0 failed, 0 errored" in out.stdout, out.stdout
 
 
@@ -109,7 +114,10 @@ def test_ten_megabytes_both_directions(proxy, http2):
 def test_client_disconnect_mid_stream_cancels_the_upstream_work(pod, proxy):
     before = stats(pod)
     payload = {"model": "m", "prompt": "long", "max_tokens": 400, "stream": True}
-    with httpx.Client(base_url=proxy.url(), timeout=30) as client, client.stream("POST", "/v1/completions", json=payload) as resp:
+    with (
+        httpx.Client(base_url=proxy.url(), timeout=30) as client,
+        client.stream("POST", "/v1/completions", json=payload) as resp,
+    ):
         for line in resp.iter_lines():
             if line.startswith("data: "):
                 break  # one token, then hang up
@@ -178,7 +186,10 @@ def test_sigterm_drains_in_flight_requests_and_refuses_new_connections(pod):
 
         def slow_stream():
             payload = {"model": "m", "prompt": "drain", "max_tokens": 40, "stream": True}
-            with httpx.Client(timeout=30) as client, client.stream("POST", proc.url() + "/v1/completions", json=payload) as resp:
+            with (
+                httpx.Client(timeout=30) as client,
+                client.stream("POST", proc.url() + "/v1/completions", json=payload) as resp,
+            ):
                 results["status"] = resp.status_code
                 results["lines"] = [line for line in resp.iter_lines() if line.startswith("data: ")]
 

@@ -37,13 +37,22 @@ def stats(url: str) -> dict:
 
 
 def chat_body(max_tokens: int, stream: bool = False) -> dict:
-    return {"model": "sim-llm", "messages": [{"role": "user", "content": "hello there"}],
-            "max_tokens": max_tokens, "stream": stream}
+    return {
+        "model": "sim-llm",
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
 
 
 def curl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([require_binary("curl"), "-sS", "--max-time", "10", *args],
-                          check=False, capture_output=True, text=True, timeout=15)
+    return subprocess.run(
+        [require_binary("curl"), "-sS", "--max-time", "10", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=15,
+    )
 
 
 def sse_events(text: str) -> list:
@@ -53,12 +62,20 @@ def sse_events(text: str) -> list:
 
 @pytest.mark.parametrize("proto", ["--http1.1", "--http2-prior-knowledge"])
 def test_curl_non_streaming_and_streaming(url, proto) -> None:
-    out = curl(proto, "-H", "content-type: application/json", "-d", json.dumps(chat_body(6)),
-               url + "/v1/chat/completions")
+    out = curl(
+        proto, "-H", "content-type: application/json", "-d", json.dumps(chat_body(6)), url + "/v1/chat/completions"
+    )
     doc = json.loads(out.stdout)
     assert doc["usage"]["completion_tokens"] == 6 and doc["choices"][0]["message"]["role"] == "assistant"
-    out = curl(proto, "-N", "-H", "content-type: application/json", "-d", json.dumps(chat_body(5, True)),
-               url + "/v1/chat/completions")
+    out = curl(
+        proto,
+        "-N",
+        "-H",
+        "content-type: application/json",
+        "-d",
+        json.dumps(chat_body(5, True)),
+        url + "/v1/chat/completions",
+    )
     events = sse_events(out.stdout)
     assert len(events) == 6 and events[-1] == "[DONE]"
     assert "".join(e["choices"][0]["delta"]["content"] for e in events[:-1])
@@ -75,12 +92,15 @@ def test_curl_reports_protocol_errors_as_openai_errors(url) -> None:
 @pytest.mark.parametrize("http2", [False, True])
 def test_httpx_h1_and_h2c_concurrent_requests(url, http2) -> None:
     with httpx.Client(http1=not http2, http2=http2, timeout=10) as client:
-        responses = [client.post(url + "/v1/completions", json={"prompt": f"p{i}", "max_tokens": 4},
-                                 headers={"idempotency-key": "same"}) for i in range(5)]
+        responses = [
+            client.post(
+                url + "/v1/completions", json={"prompt": f"p{i}", "max_tokens": 4}, headers={"idempotency-key": "same"}
+            )
+            for i in range(5)
+        ]
         assert {r.http_version for r in responses} == {"HTTP/2" if http2 else "HTTP/1.1"}
         assert all(r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4 for r in responses)
-        with client.stream("POST", url + "/v1/completions", json={"prompt": "s", "max_tokens": 3,
-                                                                  "stream": True}) as r:
+        with client.stream("POST", url + "/v1/completions", json={"prompt": "s", "max_tokens": 3, "stream": True}) as r:
             lines = [line for line in r.iter_lines() if line]
         assert len(lines) == 4 and lines[-1] == "data: [DONE]"
         health = client.get(url + "/health")
@@ -92,11 +112,15 @@ def test_httpx_h1_and_h2c_concurrent_requests(url, http2) -> None:
 
 def test_openai_sdk_chat_completions_and_embeddings(url) -> None:
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=10)
-    chat = client.chat.completions.create(model="sim-llm", messages=[{"role": "user", "content": "hi"}],
-                                          max_tokens=7)
+    chat = client.chat.completions.create(model="sim-llm", messages=[{"role": "user", "content": "hi"}], max_tokens=7)
     assert chat.usage.completion_tokens == 7 and chat.choices[0].finish_reason == "length"
-    stream = client.chat.completions.create(model="sim-llm", messages=[{"role": "user", "content": "hi"}],
-                                            max_tokens=5, stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="sim-llm",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     deltas = [c.choices[0].delta.content for c in chunks if c.choices]
     assert len(deltas) == 5 and all(deltas) and chunks[-1].usage.completion_tokens == 5
@@ -138,8 +162,9 @@ def test_runtime_fault_injection_over_http(url) -> None:
 
 
 def test_cold_start_then_graceful_sigterm() -> None:
-    with Proc(["sim-pod", "--listen", "127.0.0.1:0", "--cold-start-s", "1", "--profile", "fixed"],
-              name="sim-pod-cold") as proc:
+    with Proc(
+        ["sim-pod", "--listen", "127.0.0.1:0", "--cold-start-s", "1", "--profile", "fixed"], name="sim-pod-cold"
+    ) as proc:
         first = httpx.get(proc.url() + "/health", timeout=5)
         assert first.status_code == 503 and first.json()["status"] == "starting"
         wait_for(lambda: httpx.get(proc.url() + "/health", timeout=5).status_code == 200, 10)
@@ -149,11 +174,26 @@ def test_cold_start_then_graceful_sigterm() -> None:
 
 
 def test_help_lists_every_flag() -> None:
-    out = subprocess.run([sys.executable, "-m", "proxy", "sim-pod", "--help"], check=True,
-                         capture_output=True, text=True, timeout=30).stdout
-    for flag in ("--listen", "--profile", "--speed", "--seed", "--cold-start-s", "--cold-penalty-requests",
-                 "--fault-slowdown", "--fault-error-rate", "--fault-start-s", "--fault-duration-s",
-                 "--max-num-seqs", "--kv-capacity-tokens", "--base-ms", "--fixed-steps", "--stop-mean-tokens"):
+    out = subprocess.run(
+        [sys.executable, "-m", "proxy", "sim-pod", "--help"], check=True, capture_output=True, text=True, timeout=30
+    ).stdout
+    for flag in (
+        "--listen",
+        "--profile",
+        "--speed",
+        "--seed",
+        "--cold-start-s",
+        "--cold-penalty-requests",
+        "--fault-slowdown",
+        "--fault-error-rate",
+        "--fault-start-s",
+        "--fault-duration-s",
+        "--max-num-seqs",
+        "--kv-capacity-tokens",
+        "--base-ms",
+        "--fixed-steps",
+        "--stop-mean-tokens",
+    ):
         assert flag in out
 
 
@@ -171,8 +211,16 @@ def test_h2_rst_stream_cancels_only_that_stream(url) -> None:
 
         def request(body: dict) -> int:
             sid = conn.get_next_available_stream_id()
-            conn.send_headers(sid, [(":method", "POST"), (":path", "/v1/chat/completions"), (":scheme", "http"),
-                                    (":authority", "pod"), ("content-type", "application/json")])
+            conn.send_headers(
+                sid,
+                [
+                    (":method", "POST"),
+                    (":path", "/v1/chat/completions"),
+                    (":scheme", "http"),
+                    (":authority", "pod"),
+                    ("content-type", "application/json"),
+                ],
+            )
             conn.send_data(sid, json.dumps(body).encode(), end_stream=True)
             sock.sendall(conn.data_to_send())
             return sid

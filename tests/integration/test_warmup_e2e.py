@@ -28,8 +28,18 @@ pytestmark = pytest.mark.integration
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "policies" / "warmup-example.toml"
 COLD_REQUESTS = 10
-POD_FLAGS = ["--profile", "llm", "--speed", "4", "--cold-start-s", "1",
-             "--cold-penalty", "20", "--cold-penalty-requests", str(COLD_REQUESTS)]
+POD_FLAGS = [
+    "--profile",
+    "llm",
+    "--speed",
+    "4",
+    "--cold-start-s",
+    "1",
+    "--cold-penalty",
+    "20",
+    "--cold-penalty-requests",
+    str(COLD_REQUESTS),
+]
 CHAT = {"messages": [{"role": "user", "content": "hello " * 60}], "max_tokens": 16}
 READY_TIMEOUT_S = 60  # cold start + a 20x-penalised warm-up on a busy shared machine
 
@@ -238,8 +248,10 @@ def test_configmap_symlink_swap_changes_the_warmup(tmp_path) -> None:
     os.symlink(v1_dir.name, tmp_path / "..data")
     os.symlink("..data/policy.toml", tmp_path / "policy.toml")
     # v2 adds a third shape: a long answer (64 decode steps), slow enough for "stable" to be meaningful.
-    long_answer = ('\n[[warmup.probes]]\nname = "long-answer"\npath = "/v1/chat/completions"\n'
-                   'body = \'{"messages": [{"role": "user", "content": "Tell a story."}], "max_tokens": 64}\'\ncount = 40\n')
+    long_answer = (
+        '\n[[warmup.probes]]\nname = "long-answer"\npath = "/v1/chat/completions"\n'
+        'body = \'{"messages": [{"role": "user", "content": "Tell a story."}], "max_tokens": 64}\'\ncount = 40\n'
+    )
     try:
         with start_sidecar(tmp_path / "policy.toml") as car:
             wait_ready(car)
@@ -279,8 +291,17 @@ def test_reload_keeps_command_line_upstream_and_listeners(tmp_path) -> None:
     (tmp_path / "v2.toml").write_text(text.replace("retry_after_ms = 2000", "retry_after_ms = 4000"))
     os.symlink("v1.toml", tmp_path / "policy.toml")
     with start_pod(free_port()) as pod:
-        args = ["serve", "--policy", str(tmp_path / "policy.toml"), "--upstream", pod.url(),
-                "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]
+        args = [
+            "serve",
+            "--policy",
+            str(tmp_path / "policy.toml"),
+            "--upstream",
+            pod.url(),
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+        ]
         with Proc(args, name="sidecar") as car:
             wait_ready(car)
             os.symlink("v2.toml", tmp_path / "policy.tmp")

@@ -98,11 +98,7 @@ def test_defaults_suit_an_llm_pod():
     p = parse_policy("")
     assert list(p.classes) == ["realtime", "interactive", "batch"]
     assert p.scheduling.default_class in p.classes and p.scheduling.order == "sjf"
-    assert (
-        p.classes["realtime"].priority
-        < p.classes["interactive"].priority
-        < p.classes["batch"].priority
-    )
+    assert p.classes["realtime"].priority < p.classes["interactive"].priority < p.classes["batch"].priority
     assert all(c.on_unmeetable == "reject" for c in p.classes.values())  # shed early, not rot in a queue
     assert [r.kind for r in p.routes] == ["chat", "completions", "embeddings", "fixed"]
     assert p.limits.min_limit <= p.limits.initial_limit <= p.limits.max_limit

@@ -32,14 +32,17 @@ def test_empty_policy_is_the_defaults():
         ("[listen]\nmax_connections = 0\n", "p.toml:2: listen.max_connections: Expected `int` >= 1"),
         ("# c\n[listen]\nmax_conections = 5\n", "p.toml:3: listen.max_conections: unknown key (allowed here: address,"),
         ("bogus = 1\n", "p.toml:1: bogus: unknown key (allowed here: listen, admin, upstreams"),
-        ("[admin]\naddress = \"nope\"\n", "p.toml:2: admin.address: expected HOST:PORT, e.g. 0.0.0.0:8080"),
+        ('[admin]\naddress = "nope"\n', "p.toml:2: admin.address: expected HOST:PORT, e.g. 0.0.0.0:8080"),
         (
-            "[[upstreams]]\nurl = \"http://a:1\"\n[[upstreams]]\nurl = \"https://b\"\n",
+            '[[upstreams]]\nurl = "http://a:1"\n[[upstreams]]\nurl = "https://b"\n',
             "p.toml:4: upstreams[1].url: expected http://HOST:PORT[/prefix]",
         ),
-        ("[[upstreams]]\nurl = \"http://a:1\"\nprotocol = \"h3\"\n", "p.toml:3: upstreams[0].protocol: Invalid enum value 'h3' (expected one of: 'http1', 'h2c')"),
+        (
+            '[[upstreams]]\nurl = "http://a:1"\nprotocol = "h3"\n',
+            "p.toml:3: upstreams[0].protocol: Invalid enum value 'h3' (expected one of: 'http1', 'h2c')",
+        ),
         ("upstreams = []\n", "p.toml:1: upstreams: Expected `array` of length >= 1"),
-        ("[listen]\nidle_timeout_s = \"10\"\n", "p.toml:2: listen.idle_timeout_s: Expected `float`, got `str`"),
+        ('[listen]\nidle_timeout_s = "10"\n', "p.toml:2: listen.idle_timeout_s: Expected `float`, got `str`"),
         ("[listen\n", "not valid TOML"),
     ],
 )
@@ -74,10 +77,15 @@ def test_policy_check_cli_exit_codes(tmp_path):
     good.write_text("[listen]\nmax_connections = 10\n")
     bad = tmp_path / "bad.toml"
     bad.write_text("[listen]\nmax_connections = -1\n")
-    ok = subprocess.run([sys.executable, "-m", "proxy", "policy", "check", str(good)], check=False, capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "proxy", "policy", "check", str(good)], check=False, capture_output=True, text=True
+    )
     assert ok.returncode == 0 and "ok" in ok.stdout
     failed = subprocess.run(
-        [sys.executable, "-m", "proxy", "policy", "check", str(good), str(bad)], check=False, capture_output=True, text=True
+        [sys.executable, "-m", "proxy", "policy", "check", str(good), str(bad)],
+        check=False,
+        capture_output=True,
+        text=True,
     )
     assert failed.returncode == 1
     assert f"{bad}:2: listen.max_connections: Expected `int` >= 1" in failed.stderr
@@ -86,7 +94,9 @@ def test_policy_check_cli_exit_codes(tmp_path):
 def test_policy_schema_cli_prints_json_schema():
     import json
 
-    out = subprocess.run([sys.executable, "-m", "proxy", "policy", "schema"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "proxy", "policy", "schema"], capture_output=True, text=True, check=True
+    )
     schema = json.loads(out.stdout)
     listen = schema["$defs"]["Listen"]["properties"]["max_connections"]
     assert listen["minimum"] == 1 and "description" in listen
@@ -100,8 +110,13 @@ def test_a_reader_that_goes_away_gets_no_traceback():
     r, w = os.pipe()
     os.close(r)
     try:
-        proc = subprocess.run([sys.executable, "-m", "proxy", "policy", "schema"], stdout=w, stderr=subprocess.PIPE, check=False,
-                              timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "proxy", "policy", "schema"],
+            stdout=w,
+            stderr=subprocess.PIPE,
+            check=False,
+            timeout=60,
+        )
     finally:
         os.close(w)
     assert proc.returncode == 141

@@ -55,14 +55,23 @@ def test_values_are_read():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[shedding]\ngpu_memory_high_water = 1.5\n", "p.toml:2: shedding.gpu_memory_high_water: Expected `float` <= 1"),
+        (
+            "[shedding]\ngpu_memory_high_water = 1.5\n",
+            "p.toml:2: shedding.gpu_memory_high_water: Expected `float` <= 1",
+        ),
         ('[shedding]\nrules = ["nope"]\n', "shedding.rules[0]: Invalid enum value 'nope'"),
         ("[shedding]\ncodel_target = 5\n", "p.toml:2: shedding.codel_target: unknown key (allowed here: rules,"),
         ("[tenants]\nburst = 0\n", "p.toml:2: tenants.burst: Expected `int` >= 1"),
         ("[latency]\nsub_windows = 0\n", "p.toml:2: latency.sub_windows: Expected `int` >= 1"),
-        ("[shedding]\nretry_after_min_ms = 5000\nretry_after_max_ms = 1000\n", "shedding: retry_after_min_ms must be <= retry_after_max_ms"),
+        (
+            "[shedding]\nretry_after_min_ms = 5000\nretry_after_max_ms = 1000\n",
+            "shedding: retry_after_min_ms must be <= retry_after_max_ms",
+        ),
         ('[shedding]\nrules = ["codel", "codel"]\n', "shedding: rules lists a rule twice"),
-        ("[latency]\ntimeout_hint_min_ms = 9000\ntimeout_hint_max_ms = 10\n", "latency: timeout_hint_min_ms must be <= timeout_hint_max_ms"),
+        (
+            "[latency]\ntimeout_hint_min_ms = 9000\ntimeout_hint_max_ms = 10\n",
+            "latency: timeout_hint_min_ms must be <= timeout_hint_max_ms",
+        ),
         ("[latency]\nwindow_s = 0.5\nsub_windows = 10\n", "latency: window_s / sub_windows must be >= 0.1 s"),
     ],
 )
@@ -72,7 +81,9 @@ def test_bad_values_are_named(text, message):
 
 
 def test_shedder_from_policy_applies_class_steps_and_rules():
-    section = parse_policy('[shedding]\nrules = ["queue_length"]\nmax_queued_requests = 100\nclass_step_pct = 50\n').shedding
+    section = parse_policy(
+        '[shedding]\nrules = ["queue_length"]\nmax_queued_requests = 100\nclass_step_pct = 50\n'
+    ).shedding
     shedder = sp.shedder(section, n_classes=3, rng=random.Random(1))
     assert shedder.codels is None
     load = LoadSnapshot(queued_by_class=(0, 0, 30), gpu_memory_fraction=1.0, drain_rate_per_s=10.0)
@@ -85,7 +96,9 @@ def test_shedder_from_policy_applies_class_steps_and_rules():
 def test_all_rules_off():
     section = parse_policy("[shedding]\nrules = []\n").shedding
     shedder = sp.shedder(section, n_classes=2, rng=random.Random(1))
-    load = LoadSnapshot(queued_by_class=(10**6, 10**6), inflight=9, limit=9, queue_growth_per_s=1e3, gpu_memory_fraction=1.0)
+    load = LoadSnapshot(
+        queued_by_class=(10**6, 10**6), inflight=9, limit=9, queue_growth_per_s=1e3, gpu_memory_fraction=1.0
+    )
     assert shedder.check(load, 1, 0.0) is None
 
 

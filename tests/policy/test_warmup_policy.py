@@ -43,8 +43,14 @@ body_file = "/etc/rampmeter/embed.json"
     ("text", "message"),
     [
         ('[[warmup.probes]]\nbody = "x"\nbody_file = "y"\n', "warmup.probes[0]: body and body_file are exclusive"),
-        ("[warmup]\nstable_last_n = 5\n[[warmup.probes]]\ncount = 3\n", "warmup.probes[0].count = 3 can never give warmup.stable_last_n = 5"),
-        ('[warmup]\nsuccess = "count"\nmin_successes = 9\n[[warmup.probes]]\ncount = 3\n', "can never give warmup.min_successes = 9"),
+        (
+            "[warmup]\nstable_last_n = 5\n[[warmup.probes]]\ncount = 3\n",
+            "warmup.probes[0].count = 3 can never give warmup.stable_last_n = 5",
+        ),
+        (
+            '[warmup]\nsuccess = "count"\nmin_successes = 9\n[[warmup.probes]]\ncount = 3\n',
+            "can never give warmup.min_successes = 9",
+        ),
         ('[readiness]\nbefore_warm = "wait"\n', "readiness.before_warm"),
         ("[slow_start]\naggression = 0\n", "slow_start.aggression"),
         ("[slow_start]\nmin_weight = 1.5\n", "slow_start.min_weight"),

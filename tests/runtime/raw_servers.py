@@ -38,12 +38,15 @@ async def _serve(nursery: trio.Nursery, handler: Callable[[trio.SocketStream], A
 
 
 class H1Exchange:
-    def __init__(self, server: RawH1Server, stream: trio.SocketStream, conn: h11.Connection,
-                 request: h11.Request, body: bytes) -> None:
+    def __init__(
+        self, server: RawH1Server, stream: trio.SocketStream, conn: h11.Connection, request: h11.Request, body: bytes
+    ) -> None:
         self.server, self.stream, self.conn, self.request, self.body = server, stream, conn, request, body
         self.close_after = False  # close the connection after this exchange, without saying so
 
-    async def respond(self, status: int = 200, body: bytes = b"ok", headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    async def respond(
+        self, status: int = 200, body: bytes = b"ok", headers: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
         hdrs = [*(headers or []), (b"content-length", b"%d" % len(body))]
         data = self.conn.send(h11.Response(status_code=status, headers=hdrs))
         await self.stream.send_all(data + self.conn.send(h11.Data(data=body)) + self.conn.send(h11.EndOfMessage()))
@@ -169,8 +172,10 @@ class _H2ServerConn:
     def __init__(self, server: RawH2Server, stream: trio.SocketStream) -> None:
         self.server, self.stream = server, stream
         self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
-        self.h2.local_settings = h2.settings.Settings(client=False, initial_values={
-            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: server.max_concurrent_streams})
+        self.h2.local_settings = h2.settings.Settings(
+            client=False,
+            initial_values={h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: server.max_concurrent_streams},
+        )
         self.lock = trio.Lock()
         self.window_opened = trio.Event()
         self.exchanges: dict[int, H2Exchange] = {}
@@ -286,12 +291,21 @@ def nginx(tmp: Path, *, keepalive_requests: int = 1000, big_bytes: int = 0):
     binary = require_binary("nginx")
     (tmp / "big.bin").write_bytes(bytes(range(256)) * (big_bytes // 256))
     h1, h2c = free_port(), free_port()
-    (tmp / "nginx.conf").write_text(textwrap.dedent(
-        NGINX_CONF.format(dir=tmp, h1=h1, h2=h2c, keepalive_requests=keepalive_requests,
-                          # as root the workers would drop to `nobody`, which cannot read a 0700 tmp dir
-                          user="user root;" if os.geteuid() == 0 else "")))
-    proc = subprocess.Popen([binary, "-p", str(tmp), "-c", str(tmp / "nginx.conf")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (tmp / "nginx.conf").write_text(
+        textwrap.dedent(
+            NGINX_CONF.format(
+                dir=tmp,
+                h1=h1,
+                h2=h2c,
+                keepalive_requests=keepalive_requests,
+                # as root the workers would drop to `nobody`, which cannot read a 0700 tmp dir
+                user="user root;" if os.geteuid() == 0 else "",
+            )
+        )
+    )
+    proc = subprocess.Popen(
+        [binary, "-p", str(tmp), "-c", str(tmp / "nginx.conf")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         for port in (h1, h2c):
             _wait_listening(port, proc)

@@ -113,7 +113,10 @@ async def test_streaming_fans_out_identical_bytes_to_every_follower_including_la
         received["leader"] = ("Leader", await collect(own))
     expected = b"".join(f"data: token{i}\n\n".encode() for i in range(6))
     assert {name: kind for name, (kind, _) in received.items()} == {
-        "leader": "Leader", "early": "Follower", "middle": "Follower", "late": "Follower",
+        "leader": "Leader",
+        "early": "Follower",
+        "middle": "Follower",
+        "late": "Follower",
     }
     for name, (_, events) in received.items():
         assert body_of(events) == expected, name
@@ -140,7 +143,15 @@ async def test_leader_cancellation_releases_the_key_and_fails_followers(autojump
 
 @pytest.mark.parametrize(
     "status,ok,stored",
-    [(200, True, True), (400, True, True), (404, True, True), (429, True, False), (500, True, False), (503, True, False), (200, False, False)],
+    [
+        (200, True, True),
+        (400, True, True),
+        (404, True, True),
+        (429, True, False),
+        (500, True, False),
+        (503, True, False),
+        (200, False, False),
+    ],
 )
 async def test_only_successes_and_deterministic_client_errors_are_replayed(status, ok, stored):
     dedup, _, _ = make()
@@ -260,13 +271,19 @@ async def test_identify_scopes_keys_by_tenant_and_validates_them():
     assert err.value.header == "idempotency-key"
     a = dedup.identify(b"POST", b"/v1/x", [(b"idempotency-key", b"k"), (b"authorization", b"Bearer a")], b"")
     b = dedup.identify(b"POST", b"/v1/x", [(b"idempotency-key", b"k"), (b"authorization", b"Bearer b")], b"")
-    spoof = dedup.identify(b"POST", b"/v1/x", [(b"idempotency-key", b"k"), (b"authorization", b"Bearer b"), (b"x-tenant", b"a")], b"")
+    spoof = dedup.identify(
+        b"POST", b"/v1/x", [(b"idempotency-key", b"k"), (b"authorization", b"Bearer b"), (b"x-tenant", b"a")], b""
+    )
     assert a.scope != b.scope and spoof.scope == b.scope  # x-tenant is not trusted by default
     other_path = dedup.identify(b"POST", b"/v1/y", [(b"idempotency-key", b"k"), (b"authorization", b"Bearer a")], b"")
     assert other_path.scope != a.scope
     trusting, _, _ = make(trust_tenant_header=True, fingerprint_headers=["x-model"])
-    t1 = trusting.identify(b"POST", b"/v1/x", [(b"idempotency-key", b"k"), (b"x-tenant", b"acme"), (b"x-model", b"m1")], b"")
-    t2 = trusting.identify(b"POST", b"/v1/x", [(b"idempotency-key", b"k"), (b"x-tenant", b"acme"), (b"x-model", b"m2")], b"")
+    t1 = trusting.identify(
+        b"POST", b"/v1/x", [(b"idempotency-key", b"k"), (b"x-tenant", b"acme"), (b"x-model", b"m1")], b""
+    )
+    t2 = trusting.identify(
+        b"POST", b"/v1/x", [(b"idempotency-key", b"k"), (b"x-tenant", b"acme"), (b"x-model", b"m2")], b""
+    )
     assert t1.scope == t2.scope and t1.fingerprint != t2.fingerprint
     off, _, _ = make(enabled=False)
     assert off.identify(b"POST", b"/v1/x", KEY, b"") is None

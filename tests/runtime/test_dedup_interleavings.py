@@ -51,7 +51,9 @@ async def scenario(requests, on_in_flight):
             try:
                 with trio.move_on_after(0.5 + chunks if ending == "cancel" else float("inf")):
                     async with handle:
-                        handle.record_head(int(ending[2:]) if ending.startswith("ok") else 200, [(b"x-leader", b"%d" % i)])
+                        handle.record_head(
+                            int(ending[2:]) if ending.startswith("ok") else 200, [(b"x-leader", b"%d" % i)]
+                        )
                         for n in range(chunks):
                             await trio.sleep(1)
                             handle.record_chunk(b"%d:%d;" % (i, n))

@@ -186,7 +186,11 @@ async def test_the_sweep_frees_expired_entries_nobody_asks_for(autojump_clock):
         assert a.statistics()["replay_cache"]["bytes"] > 0
         await trio.sleep(6.5)  # past the TTL and one sweep interval
         assert a.statistics()["replay_cache"] == {
-            "entries": 0, "bytes": 0, "max_bytes": a.policy.max_memory_bytes, "hits": 0, "evicted": {"lru": 0, "ttl": 1},
+            "entries": 0,
+            "bytes": 0,
+            "max_bytes": a.policy.max_memory_bytes,
+            "hits": 0,
+            "evicted": {"lru": 0, "ttl": 1},
         }
         assert sample(ma, "dedup_replay_cache_evictions_total", cause="ttl") == 1
         assert sample(ma, "dedup_replay_cache_bytes") == 0

@@ -20,8 +20,16 @@ class _NoBody:
 
 
 def req(headers, *, version="1.1", client="10.0.0.7", authority=b"", scheme=b"http") -> Request:
-    return Request(b"GET", b"/v1/models", headers, _NoBody(), http_version=version, client=client,
-                   authority=authority, scheme=scheme)
+    return Request(
+        b"GET",
+        b"/v1/models",
+        headers,
+        _NoBody(),
+        http_version=version,
+        client=client,
+        authority=authority,
+        scheme=scheme,
+    )
 
 
 def names(headers) -> list[bytes]:
@@ -29,11 +37,22 @@ def names(headers) -> list[bytes]:
 
 
 def test_hop_by_hop_and_connection_listed_fields_are_dropped():
-    out = request_headers(req([
-        (b"host", b"api.example"), (b"connection", b"keep-alive, X-Secret"), (b"keep-alive", b"timeout=5"),
-        (b"x-secret", b"1"), (b"te", b"trailers"), (b"transfer-encoding", b"chunked"), (b"upgrade", b"h2c"),
-        (b"proxy-authorization", b"Basic x"), (b"accept", b"*/*"),
-    ]), b"127.0.0.1:8000")
+    out = request_headers(
+        req(
+            [
+                (b"host", b"api.example"),
+                (b"connection", b"keep-alive, X-Secret"),
+                (b"keep-alive", b"timeout=5"),
+                (b"x-secret", b"1"),
+                (b"te", b"trailers"),
+                (b"transfer-encoding", b"chunked"),
+                (b"upgrade", b"h2c"),
+                (b"proxy-authorization", b"Basic x"),
+                (b"accept", b"*/*"),
+            ]
+        ),
+        b"127.0.0.1:8000",
+    )
     assert not set(names(out)) & (HOP_BY_HOP | {b"x-secret"})
     assert (b"accept", b"*/*") in out
 
@@ -50,10 +69,20 @@ def test_missing_host_comes_from_h2_authority_then_upstream():
 
 
 def test_via_and_forwarded_for_are_appended_and_proto_is_set():
-    out = dict(request_headers(req([
-        (b"host", b"h"), (b"via", b"1.1 edge"), (b"x-forwarded-for", b"1.2.3.4"),
-        (b"x-forwarded-for", b"5.6.7.8"), (b"x-forwarded-proto", b"https"),
-    ]), b"up:1"))
+    out = dict(
+        request_headers(
+            req(
+                [
+                    (b"host", b"h"),
+                    (b"via", b"1.1 edge"),
+                    (b"x-forwarded-for", b"1.2.3.4"),
+                    (b"x-forwarded-for", b"5.6.7.8"),
+                    (b"x-forwarded-proto", b"https"),
+                ]
+            ),
+            b"up:1",
+        )
+    )
     assert out[b"via"] == b"1.1 edge, 1.1 rampmeter"
     assert out[b"x-forwarded-for"] == b"1.2.3.4, 5.6.7.8, 10.0.0.7"
     assert out[b"x-forwarded-proto"] == b"http"  # never trusted from the client
@@ -75,22 +104,43 @@ def test_h2_cookie_fields_are_joined_for_http1():
 
 
 def test_response_headers_strip_hop_by_hop_and_append_via():
-    out = response_headers([
-        (b"content-type", b"text/event-stream"), (b"connection", b"keep-alive, x-internal"), (b"x-internal", b"1"),
-        (b"transfer-encoding", b"chunked"), (b"keep-alive", b"timeout=5"), (b"via", b"1.1 model"),
-    ])
+    out = response_headers(
+        [
+            (b"content-type", b"text/event-stream"),
+            (b"connection", b"keep-alive, x-internal"),
+            (b"x-internal", b"1"),
+            (b"transfer-encoding", b"chunked"),
+            (b"keep-alive", b"timeout=5"),
+            (b"via", b"1.1 model"),
+        ]
+    )
     assert out == [(b"content-type", b"text/event-stream"), (b"via", b"1.1 model, 1.1 rampmeter")]
     assert dict(response_headers([], "2"))[b"via"] == b"2 rampmeter"
 
 
 def test_h2_block_has_pseudo_headers_first_and_authority_from_host():
-    block = h2_request_headers(b"POST", b"/v1/chat?x=1", [
-        (b"host", b"api.example"), (b"content-type", b"application/json"), (b"connection", b"close"),
-        (b"keep-alive", b"1"), (b"transfer-encoding", b"chunked"), (b"upgrade", b"websocket"),
-        (b"te", b"gzip"), (b"cookie", b"a=1"), (b"cookie", b"b=2"),
-    ], authority=b"fallback:1")
-    assert block[:4] == [(b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"api.example"),
-                         (b":path", b"/v1/chat?x=1")]
+    block = h2_request_headers(
+        b"POST",
+        b"/v1/chat?x=1",
+        [
+            (b"host", b"api.example"),
+            (b"content-type", b"application/json"),
+            (b"connection", b"close"),
+            (b"keep-alive", b"1"),
+            (b"transfer-encoding", b"chunked"),
+            (b"upgrade", b"websocket"),
+            (b"te", b"gzip"),
+            (b"cookie", b"a=1"),
+            (b"cookie", b"b=2"),
+        ],
+        authority=b"fallback:1",
+    )
+    assert block[:4] == [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":authority", b"api.example"),
+        (b":path", b"/v1/chat?x=1"),
+    ]
     rest = block[4:]
     assert all(not k.startswith(b":") for k, _ in rest)
     assert names(rest) == [b"content-type", b"cookie"]
@@ -107,8 +157,23 @@ def test_strip_pseudo():
     assert strip_pseudo([(b":status", b"200"), (b"a", b"1")]) == [(b"a", b"1")]
 
 
-_names = st.sampled_from([b"host", b"accept", b"connection", b"x-a", b"x-b", b"te", b"via", b"x-forwarded-for",
-                          b"cookie", b"keep-alive", b"upgrade", b"transfer-encoding", b"content-length"])
+_names = st.sampled_from(
+    [
+        b"host",
+        b"accept",
+        b"connection",
+        b"x-a",
+        b"x-b",
+        b"te",
+        b"via",
+        b"x-forwarded-for",
+        b"cookie",
+        b"keep-alive",
+        b"upgrade",
+        b"transfer-encoding",
+        b"content-length",
+    ]
+)
 _values = st.sampled_from([b"1", b"x-a", b"close, x-b", b"trailers", b"keep-alive"])
 
 

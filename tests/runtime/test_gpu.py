@@ -143,7 +143,9 @@ async def test_lost_gpu_drops_its_gauges_counts_and_logs_once(caplog):
     assert sampler.memory_fraction() == pytest.approx(0.25)  # only the GPU we can still see
     lost = [r for r in caplog.records if "GpuIsLost" in r.getMessage()]
     assert len(lost) == 1  # once per GPU and error, not per reading or sample
-    errors = metrics.registry.get_sample_value("rampmeter_gpu_sample_errors_total", {"gpu": "0", "error": "NVMLError_GpuIsLost"})
+    errors = metrics.registry.get_sample_value(
+        "rampmeter_gpu_sample_errors_total", {"gpu": "0", "error": "NVMLError_GpuIsLost"}
+    )
     assert errors == 12
 
 

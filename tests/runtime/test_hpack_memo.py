@@ -14,8 +14,12 @@ from proxy.http.hpack_memo import MemoDecoder, MemoEncoder
 
 NAMES = [b"content-type", b"server", b"x-a", b"x-b", b"date", b"cookie"]
 VALUES = [b"application/json", b"nginx", b"1", b"2", b"a-much-longer-value-" * 3, b""]
-header = st.builds(lambda n, v, never: hpack.NeverIndexedHeaderTuple(n, v) if never else (n, v),
-                   st.sampled_from(NAMES), st.sampled_from(VALUES), st.booleans())
+header = st.builds(
+    lambda n, v, never: hpack.NeverIndexedHeaderTuple(n, v) if never else (n, v),
+    st.sampled_from(NAMES),
+    st.sampled_from(VALUES),
+    st.booleans(),
+)
 head = st.lists(header, min_size=0, max_size=5).map(lambda hs: [(b":status", b"200"), *hs])
 # A sequence of coder calls: a head (repeats are likely: few names and values), or a table resize.
 call = st.one_of(head.map(lambda h: ("head", h)), st.sampled_from([0, 64, 256, 4096]).map(lambda n: ("size", n)))
@@ -54,8 +58,9 @@ def test_nginx_heads_into_a_table_sized_zero_are_remembered():
     """nginx sizes its table 0, then sends literal-with-indexing fields: adding to it changes nothing."""
     dec = MemoDecoder()
     size_zero = bytes.fromhex("20")
-    block = bytes.fromhex("887689aa6355e580ae212e1f6197dd6d5f4a09f5349fba82009c502f5c6c171b6d4c5a37ff5f8b1d75"
-                          "d0620d263d4c7441ea5c023131")
+    block = bytes.fromhex(
+        "887689aa6355e580ae212e1f6197dd6d5f4a09f5349fba82009c502f5c6c171b6d4c5a37ff5f8b1d75d0620d263d4c7441ea5c023131"
+    )
     first = dec.decode(size_zero + block, raw=True)
     assert first[0] == (b":status", b"200") and (b"content-length", b"11") in first
     assert dec.decode(block, raw=True) == dec.decode(block, raw=True) == first
@@ -94,8 +99,9 @@ def test_install_swaps_the_coder_of_a_fresh_h2_connection_only():
     conn.initiate_connection()
     assert hpack_memo.install(conn)
     assert isinstance(conn.encoder, MemoEncoder) and isinstance(conn.decoder, MemoDecoder)
-    conn.send_headers(1, [(b":method", b"GET"), (b":path", b"/"), (b":scheme", b"http"), (b":authority", b"a")],
-                      end_stream=True)
+    conn.send_headers(
+        1, [(b":method", b"GET"), (b":path", b"/"), (b":scheme", b"http"), (b":authority", b"a")], end_stream=True
+    )
     used = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     used.initiate_connection()
     used.send_headers(1, [(b":method", b"GET"), (b":path", b"/x"), (b":scheme", b"http"), (b":authority", b"a")])

@@ -16,8 +16,23 @@ from proxy.loadtest.progress import PlainProgress, make
 from proxy.loadtest.verdict import SLA
 
 PNG = b"\x89PNG\r\n\x1a\n"
-FIGURE_KEYS = {"requests", "responses", "ok", "good", "offered_rps", "achieved_rps", "goodput_rps", "good_fraction",
-               "failed_fraction", "latency_ms", "ttft_ms", "tpot_ms", "status", "reasons", "errors"}
+FIGURE_KEYS = {
+    "requests",
+    "responses",
+    "ok",
+    "good",
+    "offered_rps",
+    "achieved_rps",
+    "goodput_rps",
+    "good_fraction",
+    "failed_fraction",
+    "latency_ms",
+    "ttft_ms",
+    "tpot_ms",
+    "status",
+    "reasons",
+    "errors",
+}
 
 
 def queueing(capacity_rps: float):
@@ -28,12 +43,17 @@ def queueing(capacity_rps: float):
         async with lock:
             await trio.sleep(1.0 / capacity_rps)
         await sink.respond(200, [(b"content-type", b"application/json")], b'{"ok": true}')
+
     return handler
 
 
 async def sweep(nursery, capacity: float, progress=None, records: bool = False, name: str = "A") -> dict:
-    trace = build_trace(Plan.sweep([20, 40, 60, 80], step_s=5, warmup_s=1),
-                        Mix.parse("short_chat@interactive=1,short_chat_stream@batch=1"), 1, idempotency="unique")
+    trace = build_trace(
+        Plan.sweep([20, 40, 60, 80], step_s=5, warmup_s=1),
+        Mix.parse("short_chat@interactive=1,short_chat_stream@batch=1"),
+        1,
+        idempotency="unique",
+    )
     transport = HandlerTransport(queueing(capacity), trace.mix.shapes, nursery)
     result = await run(trace, Target("http://pod:80", name=name), transport=transport, progress=progress)
     analysis = result.analyze(SLA.parse("p99=200ms"), gpus=2, usd_per_gpu_hour=3.0)
@@ -43,13 +63,43 @@ async def sweep(nursery, capacity: float, progress=None, records: bool = False, 
 async def test_document_follows_the_schema(nursery, autojump_clock):
     doc = await sweep(nursery, 70.0, records=True)
     assert doc["schema"] == "rampmeter.loadtest/1"
-    assert set(doc) >= {"tool", "command", "started_at", "wall_s", "interrupted", "target", "plan", "mix", "sla",
-                        "max_lateness_ms", "valid", "steps", "overall", "by_shape", "by_class", "knee", "cost",
-                        "transport", "records"}
+    assert set(doc) >= {
+        "tool",
+        "command",
+        "started_at",
+        "wall_s",
+        "interrupted",
+        "target",
+        "plan",
+        "mix",
+        "sla",
+        "max_lateness_ms",
+        "valid",
+        "steps",
+        "overall",
+        "by_shape",
+        "by_class",
+        "knee",
+        "cost",
+        "transport",
+        "records",
+    }
     assert doc["plan"]["unit"] == "rps" and [s["load"] for s in doc["plan"]["steps"]] == [20, 40, 60, 80]
     step = doc["steps"][0]
-    assert set(step) >= {"index", "load", "valid", "invalid_reasons", "within_sla", "sla_misses", "lateness_ms",
-                         "overall", "by_shape", "by_class", "measured_s", "backlogged"}
+    assert set(step) >= {
+        "index",
+        "load",
+        "valid",
+        "invalid_reasons",
+        "within_sla",
+        "sla_misses",
+        "lateness_ms",
+        "overall",
+        "by_shape",
+        "by_class",
+        "measured_s",
+        "backlogged",
+    }
     assert set(step["overall"]) == FIGURE_KEYS
     assert set(step["overall"]["latency_ms"]) == {"count", "mean", "p50", "p95", "p99", "p99.9", "max"}
     assert set(step["by_class"]) == {"interactive", "batch"}
@@ -117,10 +167,19 @@ async def test_rich_progress_draws_a_table(nursery, autojump_clock):
 
 
 def test_markdown_renders_without_an_sla():
-    doc = {"target": {"name": "x", "url": "http://x", "protocol": "http1", "timeout_ms": 1000.0},
-           "plan": {"unit": "users", "mode": "closed", "think_ms": 0, "seed": 0, "steps": []},
-           "knee": {"summary": "No SLA given (--sla or --class-sla): no knee computed.", "step": None},
-           "valid": True, "mix": [], "sla": {"text": "none", "max_failed_fraction": 0.01}, "max_lateness_ms": 10,
-           "started_at": "t", "wall_s": 1.0, "steps": [], "by_class": {}, "by_shape": {}}
+    doc = {
+        "target": {"name": "x", "url": "http://x", "protocol": "http1", "timeout_ms": 1000.0},
+        "plan": {"unit": "users", "mode": "closed", "think_ms": 0, "seed": 0, "steps": []},
+        "knee": {"summary": "No SLA given (--sla or --class-sla): no knee computed.", "step": None},
+        "valid": True,
+        "mix": [],
+        "sla": {"text": "none", "max_failed_fraction": 0.01},
+        "max_lateness_ms": 10,
+        "started_at": "t",
+        "wall_s": 1.0,
+        "steps": [],
+        "by_class": {},
+        "by_shape": {},
+    }
     text = markdown.render(doc)
     assert "No SLA given" in text and "| users |" in text

@@ -24,6 +24,7 @@ def delayed(delay_s: float, status: int = 200, headers=JSON, body: bytes = b'{"o
     async def handler(request, sink) -> None:
         await trio.sleep(delay_s)
         await sink.respond(status, headers, body)
+
     return handler
 
 
@@ -153,8 +154,9 @@ async def test_streams_record_time_to_first_token_and_time_per_token(nursery, au
 
 
 async def test_closed_loop_users_think_and_steps_change_the_user_count(nursery, autojump_clock):
-    plan = Plan(steps=(Step(2, 5.0, 1.0), Step(6, 5.0, 1.0), Step(3, 5.0, 1.0)), mode="closed", think_ms=30,
-                think="constant")
+    plan = Plan(
+        steps=(Step(2, 5.0, 1.0), Step(6, 5.0, 1.0), Step(3, 5.0, 1.0)), mode="closed", think_ms=30, think="constant"
+    )
     trace = build_trace(plan, Mix.parse("tiny"), 8)
     result = await drive(nursery, delayed(0.020), trace)
     analysis = result.analyze(SLA.parse("p99=30ms"))
@@ -168,10 +170,11 @@ async def test_interleaved_targets_replay_the_same_trace(nursery, autojump_clock
     trace = build_trace(Plan.sweep([20, 40], step_s=2, warmup_s=0.5), Mix.parse("short_chat=1,long_chat=1"), 9)
     fast = HandlerTransport(delayed(0.010), trace.mix.shapes, nursery)
     slow = HandlerTransport(delayed(0.030), trace.mix.shapes, nursery)
-    a, b = await run_interleaved(trace, [Target("http://a:1", name="A"), Target("http://b:1", name="B")],
-                                 transports=[fast, slow])
+    a, b = await run_interleaved(
+        trace, [Target("http://a:1", name="A"), Target("http://b:1", name="B")], transports=[fast, slow]
+    )
     assert [r.index for r in a.runs] == [r.index for r in b.runs] == [0, 1]
-    for ra, rb in zip(a.runs, b.runs):
+    for ra, rb in zip(a.runs, b.runs, strict=False):
         assert ra.records.shape == rb.records.shape
         gaps_a = [t - ra.start_s for t in ra.records.intended]
         gaps_b = [t - rb.start_s for t in rb.records.intended]
@@ -191,6 +194,7 @@ async def test_stop_returns_what_was_measured(nursery, autojump_clock):
     async def stop_later() -> None:
         await trio.sleep(2.0)
         runner.stop()
+
     nursery.start_soon(stop_later)
     result = await runner.run()
     assert result.interrupted

@@ -158,7 +158,7 @@ class Pipe:
         with self.scope:
             try:
                 await handler(self.request, self)
-            except Exception:  # noqa: BLE001 (any failure: the server aborts the response)
+            except Exception:
                 self.aborted = self._ended = True
                 self._head.set()
                 self._send.close()

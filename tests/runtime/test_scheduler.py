@@ -66,9 +66,7 @@ async def test_concurrency_is_held_at_the_limit(autojump_clock):
     assert peak == 3
     assert trio.current_time() - start == 4.0  # 10 jobs, 3 at a time, 1 s each
     stats = s.statistics()
-    assert (
-        stats["counts"]["admitted"] == 10 and stats["inflight_units"] == 0 and stats["waiters"] == 0
-    )
+    assert stats["counts"]["admitted"] == 10 and stats["inflight_units"] == 0 and stats["waiters"] == 0
 
 
 async def test_cancelled_while_queued_leaves_the_queue_and_is_never_admitted(autojump_clock):
@@ -87,8 +85,7 @@ async def test_cancelled_while_queued_leaves_the_queue_and_is_never_admitted(aut
         nursery.start_soon(waiter)
         await trio.testing.wait_all_tasks_blocked()
         assert (
-            s.controller.depth("interactive") == 1
-            and sample(metrics, "queue_depth", **{"class": "interactive"}) == 1
+            s.controller.depth("interactive") == 1 and sample(metrics, "queue_depth", **{"class": "interactive"}) == 1
         )
         scope.cancel()
         await trio.testing.wait_all_tasks_blocked()
@@ -174,10 +171,7 @@ async def test_reload_keeps_queued_requests_and_rearms_expiry(autojump_clock):
         late = ticket("batch", 500.0, deadline=start + 10.0)
         nursery.start_soon(hold, s, release, late, seen)
         await trio.testing.wait_all_tasks_blocked()
-        assert (
-            s.controller.depth("interactive") == 3
-            and s.controller.expiry_of(late.id) == start + 9.5
-        )
+        assert s.controller.depth("interactive") == 3 and s.controller.expiry_of(late.id) == start + 9.5
         # A bigger limit, FCFS, and batch now tries until the deadline itself.
         trying = {**patient_classes(), "batch": ClassPolicy(priority=2, on_unmeetable="try")}
         s.apply_policy(make_policy(3, order="fcfs", classes=trying))

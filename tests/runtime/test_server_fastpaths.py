@@ -83,7 +83,11 @@ async def test_receive_waits_then_reads_and_sees_eof():
 async def test_errors_are_trios():
     a, b = trio.socket.socketpair()
     a.close()
-    for op in (lambda: sockio.receive(a, 10, True), lambda: sockio.receive(a, 10, False), lambda: sockio.send_all(a, b"x")):
+    for op in (
+        lambda: sockio.receive(a, 10, True),
+        lambda: sockio.receive(a, 10, False),
+        lambda: sockio.send_all(a, b"x"),
+    ):
         with pytest.raises(trio.ClosedResourceError):
             await op()
     b.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_SNDBUF, 4096)

@@ -17,9 +17,7 @@ from proxy.policy.schema import Listen
 from proxy.runtime.metrics import Metrics
 from proxy.testing.handlers import Gate, Router, echo, hello, stream_echo
 
-LIMITS = Listen(
-    max_body_bytes=4096, max_header_bytes=2048, header_timeout_s=5.0, idle_timeout_s=30.0
-)
+LIMITS = Listen(max_body_bytes=4096, max_header_bytes=2048, header_timeout_s=5.0, idle_timeout_s=30.0)
 
 
 class Client:
@@ -40,9 +38,7 @@ class Client:
         hdrs = [(b"host", b"test"), *headers]
         if body and not any(k == b"transfer-encoding" for k, _ in hdrs):
             hdrs.append((b"content-length", str(len(body)).encode()))
-        data = self.h11.send(
-            h11.Request(method=method, target=target, headers=hdrs, http_version=version)
-        )
+        data = self.h11.send(h11.Request(method=method, target=target, headers=hdrs, http_version=version))
         if body:
             data += self.h11.send(h11.Data(data=body))
         data += self.h11.send(h11.EndOfMessage())
@@ -107,9 +103,7 @@ async def test_keep_alive_serves_many_requests_on_one_connection(autojump_clock)
 
 async def test_chunked_request_is_echoed_as_chunked_stream(autojump_clock):
     async with connection(stream_echo) as (client, _, _):
-        await client.request(
-            b"/s", b"POST", headers=[(b"transfer-encoding", b"chunked")], body=b"abc"
-        )
+        await client.request(b"/s", b"POST", headers=[(b"transfer-encoding", b"chunked")], body=b"abc")
         response, body = await client.response()
         assert header(response, b"transfer-encoding") == b"chunked"
         assert header(response, b"x-echo-content-length") == b"None"
@@ -122,10 +116,7 @@ async def test_http10_client_gets_close_delimited_stream(autojump_clock):
         raw = await client.read_to_eof()
         head, _, body = raw.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200 ")
-        assert (
-            b"\r\ntransfer-encoding:" not in head.lower()
-            and b"\r\ncontent-length:" not in head.lower()
-        )
+        assert b"\r\ntransfer-encoding:" not in head.lower() and b"\r\ncontent-length:" not in head.lower()
         assert body == b"hi"
         await done.wait()
 
@@ -150,9 +141,7 @@ async def test_expect_100_continue_is_sent_when_the_handler_starts_reading(autoj
         await sink.respond(200, [], await request.body.read_all())
 
     async with connection(handler) as (client, _, _):
-        await client.stream.send_all(
-            b"POST / HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 4\r\n\r\n"
-        )
+        await client.stream.send_all(b"POST / HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 4\r\n\r\n")
         with trio.move_on_after(1.0):
             early = await client.stream.receive_some(100)
             pytest.fail(f"server answered before the handler read the body: {early!r}")
@@ -197,9 +186,7 @@ async def test_content_length_over_cap_is_413_before_the_handler_runs(autojump_c
 async def test_chunked_body_crossing_cap_raises_body_too_large_answered_413(autojump_clock):
     async with connection(echo) as (client, _, _):
         chunk = b"1000\r\n" + b"x" * 4096 + b"\r\n"
-        await client.stream.send_all(
-            b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n" + chunk * 2
-        )
+        await client.stream.send_all(b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n" + chunk * 2)
         raw = await client.stream.receive_some(10000)
         assert raw.startswith(b"HTTP/1.1 413 ")
         assert b"larger than 4096 bytes" in raw
@@ -237,9 +224,7 @@ async def test_bad_chunked_encoding_fails_the_body_read_with_400(autojump_clock)
             raise
 
     async with connection(handler) as (client, _, done):
-        await client.stream.send_all(
-            b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nZZZ\r\n"
-        )
+        await client.stream.send_all(b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nZZZ\r\n")
         answer = await client.read_to_eof()
         assert answer.startswith(b"HTTP/1.1 400 ") and b"chunk" in answer
         assert len(seen) == 1
@@ -290,9 +275,7 @@ async def test_handler_failing_mid_stream_aborts_the_connection(autojump_clock):
         await client.request()
         raw = await client.read_to_eof()
         assert raw.startswith(b"HTTP/1.1 200 ") and b"partial" in raw
-        assert not raw.endswith(
-            b"0\r\n\r\n"
-        )  # no chunked terminator: the client sees a truncated body
+        assert not raw.endswith(b"0\r\n\r\n")  # no chunked terminator: the client sees a truncated body
         await done.wait()
 
 
@@ -323,11 +306,7 @@ async def test_request_metrics_are_recorded_by_protocol_and_code(autojump_clock)
         if s.name.endswith("_total")
     }
     assert samples == {("http1", "200"): 1.0, ("http1", "404"): 1.0}
-    counts = [
-        s.value
-        for s in metrics.request_duration_seconds.collect()[0].samples
-        if s.name.endswith("_count")
-    ]
+    counts = [s.value for s in metrics.request_duration_seconds.collect()[0].samples if s.name.endswith("_count")]
     assert counts == [2.0]
 
 

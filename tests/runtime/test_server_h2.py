@@ -28,9 +28,7 @@ LIMITS = Listen(
 
 
 @asynccontextmanager
-async def connection(
-    handler, limits: Listen = LIMITS, metrics: Metrics | None = None, **peer_options
-):
+async def connection(handler, limits: Listen = LIMITS, metrics: Metrics | None = None, **peer_options):
     client_stream, server_stream = trio.testing.memory_stream_pair()
     ctx = ServerContext(handler, limits, metrics)
     conn = H2Connection(ctx, server_stream, "192.0.2.9", trio.current_time())
@@ -210,12 +208,8 @@ async def test_header_list_over_limit_is_431_on_its_stream(autojump_clock):
 async def test_declared_body_over_cap_is_413_without_the_handler(autojump_clock):
     gate = Gate()
     async with connection(gate) as (peer, _, _, _):
-        sid = await peer.request(
-            method=b"POST", headers=[(b"content-length", b"9999999")], end=False
-        )
-        await peer.until(
-            lambda: peer.streams[sid].ended or peer.streams[sid].reset_code is not None
-        )
+        sid = await peer.request(method=b"POST", headers=[(b"content-length", b"9999999")], end=False)
+        await peer.until(lambda: peer.streams[sid].ended or peer.streams[sid].reset_code is not None)
         assert peer.streams[sid].status == 413
         assert gate.requests == []
 

@@ -63,8 +63,13 @@ class FakeSink:
 
 async def call(api: PodAPI, method: str, path: str, body=None, headers=()) -> FakeSink:
     raw = body if isinstance(body, bytes) else b"" if body is None else json.dumps(body).encode()
-    request = Request(method.encode(), path.encode(), [(k.encode(), v.encode()) for k, v in headers],
-                      FakeBody(raw), received_at=trio.current_time())
+    request = Request(
+        method.encode(),
+        path.encode(),
+        [(k.encode(), v.encode()) for k, v in headers],
+        FakeBody(raw),
+        received_at=trio.current_time(),
+    )
     sink = FakeSink()
     await api(request, sink)
     return sink
@@ -77,8 +82,13 @@ async def start(nursery, profile: Profile = P, **kw) -> PodAPI:
 
 
 def chat(tokens: int, stream: bool = False, **extra) -> dict:
-    return {"model": "m", "messages": [{"role": "user", "content": "x" * 40}], "max_tokens": tokens,
-            "stream": stream, **extra}
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x" * 40}],
+        "max_tokens": tokens,
+        "stream": stream,
+        **extra,
+    }
 
 
 async def stats(api: PodAPI) -> dict:
@@ -102,8 +112,7 @@ async def test_chat_completion_takes_the_oracle_time_and_reports_usage(nursery, 
 async def test_streaming_emits_one_event_per_token_as_each_step_ends(nursery, autojump_clock) -> None:
     api = await start(nursery)
     t0 = trio.current_time()
-    sink = await call(api, "POST", "/v1/chat/completions",
-                      chat(4, stream=True, stream_options={"include_usage": True}))
+    sink = await call(api, "POST", "/v1/chat/completions", chat(4, stream=True, stream_options={"include_usage": True}))
     events = sink.sse()
     tokens, usage_event, done = events[:4], events[4], events[5]
     assert done == "[DONE]" and usage_event["choices"] == [] and usage_event["usage"]["completion_tokens"] == 4
@@ -170,8 +179,13 @@ async def test_client_disconnect_frees_the_slot_and_counts_waste(nursery, autoju
 
 async def test_deadline_header_and_idempotency_keys_are_accounted(nursery, autojump_clock) -> None:
     api = await start(nursery)
-    await call(api, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 10},
-               headers=[("x-request-timeout-ms", "50"), ("idempotency-key", "k-1")])
+    await call(
+        api,
+        "POST",
+        "/v1/completions",
+        {"prompt": "x", "max_tokens": 10},
+        headers=[("x-request-timeout-ms", "50"), ("idempotency-key", "k-1")],
+    )
     await call(api, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 1}, headers=[("idempotency-key", "k-1")])
     s = await stats(api)
     assert s["requests_late"] == 1 and s["wasted_deadline_s"] > 0
@@ -253,8 +267,12 @@ async def test_errors_models_metrics_and_reset(nursery, autojump_clock) -> None:
     assert models["data"][0]["id"] == "m"
     await call(api, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 3})
     text = (await call(api, "GET", "/metrics")).body.decode()
-    for line in ('vllm:num_requests_running{model_name="m"} 0.0', 'vllm:num_requests_waiting{model_name="m"} 0.0',
-                 'vllm:gpu_cache_usage_perc{model_name="m"} 0.0', 'vllm:generation_tokens_total{model_name="m"} 3.0'):
+    for line in (
+        'vllm:num_requests_running{model_name="m"} 0.0',
+        'vllm:num_requests_waiting{model_name="m"} 0.0',
+        'vllm:gpu_cache_usage_perc{model_name="m"} 0.0',
+        'vllm:generation_tokens_total{model_name="m"} 3.0',
+    ):
         assert line in text
     s = await stats(api)
     assert (s["bad_requests"], s["not_found"], s["requests_completed"]) == (2, 2, 1)

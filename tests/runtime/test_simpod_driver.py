@@ -110,9 +110,30 @@ def test_cli_flags_build_the_profile_faults_and_cold_start() -> None:
 
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
-    args = parser.parse_args(["--profile", "fixed", "--speed", "10", "--max-num-seqs", "8", "--fixed-steps", "3",
-                              "--cold-start-s", "2", "--cold-penalty", "4", "--cold-penalty-requests", "50",
-                              "--fault-slowdown", "3", "--fault-start-s", "10", "--fault-duration-s", "5"])
+    args = parser.parse_args(
+        [
+            "--profile",
+            "fixed",
+            "--speed",
+            "10",
+            "--max-num-seqs",
+            "8",
+            "--fixed-steps",
+            "3",
+            "--cold-start-s",
+            "2",
+            "--cold-penalty",
+            "4",
+            "--cold-penalty-requests",
+            "50",
+            "--fault-slowdown",
+            "3",
+            "--fault-start-s",
+            "10",
+            "--fault-duration-s",
+            "5",
+        ]
+    )
     pod = cli.build_pod(args)
     p = pod.profile
     assert (p.name, p.speed, p.max_num_seqs, p.fixed_steps, p.base_ms) == ("fixed", 10.0, 8, 3, 10.0)

@@ -45,7 +45,7 @@ async def upstream(handler, protocol: str):
 async def pieces(data: bytes, size: int = 1_000_003):
     """`data` as an async-iterable body, in pieces that line up with no buffer size."""
     for i in range(0, len(data), size):
-        yield data[i:i + size]
+        yield data[i : i + size]
 
 
 async def post(pool: UpstreamPool, body) -> tuple[int, bytes]:
@@ -90,15 +90,15 @@ async def test_each_piece_comes_back_before_the_next_is_sent(protocol):
     echoed = [trio.Event() for _ in parts]
 
     async def lockstep():
-        for part, seen in zip(parts, echoed):
+        for part, seen in zip(parts, echoed, strict=False):
             yield part
             await seen.wait()
 
     async with upstream(stream_echo, protocol) as (_server, pool):
         async with pool.request(0, b"POST", b"/echo", HOST, lockstep()) as resp:
             got = b""
-            for i, part in enumerate(parts):
-                want = len(b"".join(parts[:i + 1]))
+            for i in range(len(parts)):
+                want = len(b"".join(parts[: i + 1]))
                 while len(got) < want:
                     chunk = await resp.receive()
                     assert chunk, "the response ended early"
@@ -149,6 +149,7 @@ async def test_cancelled_caller_stops_the_upload_and_the_upstream_sees_it(protoc
         async def call() -> None:
             with scope:
                 await post(pool, endless() if streamed else PAYLOAD)
+
         nursery.start_soon(call)
         await arrived.wait()
         await trio.testing.wait_all_tasks_blocked()
@@ -173,7 +174,7 @@ async def test_a_failing_body_source_fails_the_exchange_with_its_error(protocol)
         pass
 
     async def failing():
-        yield PAYLOAD[:1 << 20]
+        yield PAYLOAD[: 1 << 20]
         raise SourceFailed("the client went away mid-body")
 
     async with upstream(stream_echo, protocol) as (_server, pool):

@@ -198,7 +198,8 @@ async def test_ten_megabytes_each_way():
 
         async def pieces():
             for i in range(0, len(payload), 1 << 20):
-                yield payload[i:i + (1 << 20)]
+                yield payload[i : i + (1 << 20)]
+
         async with pool.request(0, b"PUT", b"/", HOST, pieces()) as resp:
             assert await resp.read() == payload[::-1]
         assert (b"transfer-encoding", b"chunked") in list(server.requests[-1].headers)
@@ -221,7 +222,9 @@ async def test_cancellation_mid_response_closes_the_connection():
         await server.client_gone.wait()  # the upstream saw it at once
         stats = pool.statistics()[0]
         assert (stats.open_connections, stats.outstanding) == (0, 0)
-        assert registry.get_sample_value("rampmeter_upstream_requests_total", {"upstream": "0", "outcome": "aborted"}) == 1
+        assert (
+            registry.get_sample_value("rampmeter_upstream_requests_total", {"upstream": "0", "outcome": "aborted"}) == 1
+        )
         assert registry.get_sample_value("rampmeter_upstream_connections", {"upstream": "0"}) == 0
 
 
@@ -234,8 +237,10 @@ async def test_connect_refused_raises_connect_error():
                 await get(pool)
             assert info.value.request_sent is False and info.value.upstream == "0"
             assert pool.statistics()[0].outstanding == 0
-    assert registry.get_sample_value(
-        "rampmeter_upstream_requests_total", {"upstream": "0", "outcome": "connect_error"}) == 1
+    assert (
+        registry.get_sample_value("rampmeter_upstream_requests_total", {"upstream": "0", "outcome": "connect_error"})
+        == 1
+    )
 
 
 async def test_close_delimited_response_streams_to_eof_and_is_not_reused():
@@ -259,8 +264,10 @@ async def test_garbage_response_is_a_protocol_error():
         with pytest.raises(UpstreamProtocolError):
             await get(pool)
         assert pool.statistics()[0].open_connections == 0
-    assert registry.get_sample_value(
-        "rampmeter_upstream_requests_total", {"upstream": "0", "outcome": "protocol_error"}) == 1
+    assert (
+        registry.get_sample_value("rampmeter_upstream_requests_total", {"upstream": "0", "outcome": "protocol_error"})
+        == 1
+    )
 
 
 async def test_url_prefix_is_prepended_and_framing_follows_the_body():

@@ -49,12 +49,14 @@ def gated_handler(gate: trio.Event):
         await ex.read_body()
         await gate.wait()
         await ex.respond(200, b"ok")
+
     return handler
 
 
 async def run_concurrently(pool: UpstreamPool, n: int, nursery: trio.Nursery, results: list) -> None:
     async def one() -> None:
         results.append(await get(pool))
+
     for _ in range(n):
         nursery.start_soon(one)
 
@@ -71,7 +73,11 @@ async def test_streams_share_one_connection_and_pseudo_headers_come_from_host():
         assert results == [(200, b"ok")] * 10
         assert server.connections == 1
         headers = server.exchanges[0].headers
-        assert (headers[b":authority"], headers[b":path"], headers[b":scheme"]) == (b"upstream.test", b"/base/", b"http")
+        assert (headers[b":authority"], headers[b":path"], headers[b":scheme"]) == (
+            b"upstream.test",
+            b"/base/",
+            b"http",
+        )
         assert b"host" not in headers
 
 
@@ -117,6 +123,7 @@ async def test_goaway_sends_new_requests_to_a_new_connection_while_old_streams_f
 
             async def slow() -> None:
                 first.append(await get(pool))
+
             nursery.start_soon(slow)
             await trio.testing.wait_all_tasks_blocked()
             await server.exchanges[0].conn.goaway(last_stream_id=1)
@@ -167,8 +174,10 @@ async def test_refused_stream_is_retried_once_and_other_resets_are_errors():
         assert info.value.request_sent is True and "INTERNAL_ERROR" in str(info.value)
         assert len(server.exchanges) == 3 and server.connections == 1
     assert registry.get_sample_value("rampmeter_upstream_requests_total", {"upstream": "0", "outcome": "ok"}) == 1
-    assert registry.get_sample_value(
-        "rampmeter_upstream_requests_total", {"upstream": "0", "outcome": "protocol_error"}) == 1
+    assert (
+        registry.get_sample_value("rampmeter_upstream_requests_total", {"upstream": "0", "outcome": "protocol_error"})
+        == 1
+    )
 
 
 async def test_ten_megabytes_each_way_under_flow_control():
@@ -182,7 +191,8 @@ async def test_ten_megabytes_each_way_under_flow_control():
 
         async def pieces():
             for i in range(0, len(payload), 1 << 20):
-                yield payload[i:i + (1 << 20)]
+                yield payload[i : i + (1 << 20)]
+
         async with pool.request(0, b"PUT", b"/", HOST, pieces()) as resp:
             assert await resp.read() == payload[::-1]
         assert server.connections == 1

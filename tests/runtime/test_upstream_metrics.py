@@ -61,7 +61,7 @@ def test_parse_absent_gauges_are_none():
 
 def test_parse_garbage_raises_value_error():
     with pytest.raises(ValueError):
-        parse_saturation("vllm:num_requests_waiting{model_name=\"m\"} not-a-number\n")
+        parse_saturation('vllm:num_requests_waiting{model_name="m"} not-a-number\n')
 
 
 def policy(path="/metrics", upstreams=1) -> Policy:
@@ -98,7 +98,7 @@ async def test_reader_publishes_and_clears_on_failure(caplog):
         assert reader.latest[0] is None and get("rampmeter_upstream_kv_cache_usage_ratio", {"upstream": "0"}) is None
         assert reader.kv_cache_fraction() == 0.83  # upstream 1 still known
         assert len(caplog.records) == 1 and "HTTP 500" in caplog.records[0].getMessage()
-        server.text = "vllm:num_requests_waiting{model_name=\"m\"} not-a-number\n"
+        server.text = 'vllm:num_requests_waiting{model_name="m"} not-a-number\n'
         server.status = 200
         with caplog.at_level(logging.WARNING, logger="rampmeter.upstream_metrics"):
             assert await reader.read_once(client, 0) is None

@@ -35,6 +35,7 @@ async def test_keep_alive_and_multiplexing_use_one_nginx_connection(tmp_path):
 
             async def one() -> None:
                 results.append(await fetch(pool))
+
             async with trio.open_nursery() as nursery:
                 for _ in range(20):
                     nursery.start_soon(one)

@@ -141,7 +141,10 @@ async def test_no_probes_means_ready_once_healthy(autojump_clock, metrics):
 async def test_several_shapes_are_all_warmed(autojump_clock, metrics, tmp_path):
     body_file = tmp_path / "long.json"
     body_file.write_bytes(b'{"prompt": "' + b"x" * 1000 + b'"}')
-    probes = [Probe(path="/v1/completions", body='{"prompt": "hi"}'), Probe(path="/v1/embeddings", body_file=str(body_file))]
+    probes = [
+        Probe(path="/v1/completions", body='{"prompt": "hi"}'),
+        Probe(path="/v1/embeddings", body_file=str(body_file)),
+    ]
     model = FakeModel()
     async with trio.open_nursery() as nursery:
         lc = await start(nursery, policy(probes, concurrency=2, success="count", min_successes=2), model, metrics)

@@ -41,12 +41,28 @@ from proxy.runtime.dedup.store import Store, StoreUnavailable
 from proxy.runtime.metrics import Metrics
 
 __all__ = [
-    "Dedup", "Follower", "Identity", "InFlightConflict", "Leader", "LeaderHandle", "MemoryStore", "Mismatch",
-    "Outcome", "RedisStore", "Replay", "Store", "StoreDown", "StoreUnavailable", "build_store", "failure_answer",
+    "Dedup",
+    "Follower",
+    "Identity",
+    "InFlightConflict",
+    "Leader",
+    "LeaderHandle",
+    "MemoryStore",
+    "Mismatch",
+    "Outcome",
+    "RedisStore",
+    "Replay",
+    "Store",
+    "StoreDown",
+    "StoreUnavailable",
+    "build_store",
+    "failure_answer",
 ]
 
 
-def build_store(policy: DedupPolicy, metrics: Metrics | None = None, clock: Callable[[], float] = trio.current_time) -> Store:
+def build_store(
+    policy: DedupPolicy, metrics: Metrics | None = None, clock: Callable[[], float] = trio.current_time
+) -> Store:
     if policy.store == "redis":
         return RedisStore(policy.redis_url, policy.key_prefix)
     return MemoryStore(policy.max_memory_bytes, metrics=metrics, clock=clock)

@@ -128,7 +128,9 @@ class Dedup:
         asked_at = self._clock()  # the scope's state below is what the store held at or after this moment
         token = f"{self._rng.getrandbits(128):032x}"
         try:
-            record = await self._guard.call("claim", self._store.claim, scope, fingerprint, token, self._policy.lease_ms)
+            record = await self._guard.call(
+                "claim", self._store.claim, scope, fingerprint, token, self._policy.lease_ms
+            )
         except StoreUnavailable:
             if (flight := self._flights.get(scope)) is not None:
                 return self._join(flight, fingerprint)  # a local leader started while we waited: coalesce
@@ -218,9 +220,13 @@ class Dedup:
             if verdict is core.Verdict.STORED:
                 stored, asked_at = flight.stored(), self._clock()
                 # False: the lease lapsed and the key moved on to another leader.
-                kept = await call("complete", self._store.complete, flight.scope, flight.token, flight.fingerprint, stored, ttl_s)
+                kept = await call(
+                    "complete", self._store.complete, flight.scope, flight.token, flight.fingerprint, stored, ttl_s
+                )
                 if kept:  # unknown (StoreUnavailable) or lost: another replica may store a different record
-                    self._remember(flight.scope, core.Record(core.State.COMPLETE, flight.fingerprint, "", stored), asked_at)
+                    self._remember(
+                        flight.scope, core.Record(core.State.COMPLETE, flight.fingerprint, "", stored), asked_at
+                    )
                 return kept
             why = reason if verdict is core.Verdict.FAILED else _RELEASE_REASON[verdict]
             await call("release", self._store.release, flight.scope, flight.token, flight.fingerprint, why.value)
@@ -260,7 +266,11 @@ class Dedup:
                 if record.state is core.State.COMPLETE:
                     self._remember(scope, record, asked_at)
                 if record.fingerprint != fingerprint:
-                    return [core.Failed(wire.Reason.IDEMPOTENCY_KEY_REUSED, "idempotency-key was reused with a different request")]
+                    return [
+                        core.Failed(
+                            wire.Reason.IDEMPOTENCY_KEY_REUSED, "idempotency-key was reused with a different request"
+                        )
+                    ]
                 if record.state is core.State.COMPLETE:
                     assert record.stored is not None
                     return core.replay_events(record.stored)
@@ -279,7 +289,9 @@ class Dedup:
     async def _keep_leases(self) -> None:
         while True:
             await trio.sleep(self._policy.lease_ms / 3000)
-            claims = [(f.scope, f.token, f.fingerprint) for f in self._flights.values() if f.claimed and f.terminal is None]
+            claims = [
+                (f.scope, f.token, f.fingerprint) for f in self._flights.values() if f.claimed and f.terminal is None
+            ]
             if not claims:
                 continue
             try:
@@ -316,4 +328,6 @@ def _released(message: bytes | None) -> core.Failed:
             pass
     if reason is wire.Reason.IDEMPOTENCY_KEY_IN_FLIGHT:
         return core.Failed(reason, "the response was too large to share; retrying runs the request again")
-    return core.Failed(reason, "the request holding this idempotency-key ended without a stored response; retrying runs it again")
+    return core.Failed(
+        reason, "the request holding this idempotency-key ended without a stored response; retrying runs it again"
+    )

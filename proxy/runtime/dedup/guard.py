@@ -73,7 +73,9 @@ class StoreGuard:
         if not self._outage_errors:  # once per outage, not per request
             log.warning(
                 "dedup store unavailable (%s: %s); on_store_error=%s",
-                op, exc or "timed out", self.policy.on_store_error,
+                op,
+                exc or "timed out",
+                self.policy.on_store_error,
             )
         self._outage_errors += 1
 

@@ -53,7 +53,9 @@ class Replay:
 @dataclass(frozen=True, slots=True)
 class Mismatch:
     def answer(self) -> tuple[int, Headers, bytes]:
-        return wire.rejection(wire.Reason.IDEMPOTENCY_KEY_REUSED, "idempotency-key was already used with a different request")
+        return wire.rejection(
+            wire.Reason.IDEMPOTENCY_KEY_REUSED, "idempotency-key was already used with a different request"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +124,9 @@ class LeaderHandle:
     ) -> None:
         if not self.finished:
             cancelled = exc_type is not None and issubclass(exc_type, trio.Cancelled)
-            await self.finish(False, message="the request holding this idempotency-key was cancelled" if cancelled else "")
+            await self.finish(
+                False, message="the request holding this idempotency-key was cancelled" if cancelled else ""
+            )
 
     def __repr__(self) -> str:
         return f"<LeaderHandle {self.recording!r} degraded={self.degraded} finished={self.finished}>"

@@ -120,7 +120,12 @@ class RedisStore:
         return None if found is None else decode_record(found)
 
     async def complete(self, scope: str, token: str, fingerprint: str, stored: Stored, ttl_s: float) -> bool:
-        args = [in_flight_value(token, fingerprint), b"C" + _encode(stored), max(1, int(ttl_s * 1000)), self._channel(scope)]
+        args = [
+            in_flight_value(token, fingerprint),
+            b"C" + _encode(stored),
+            max(1, int(ttl_s * 1000)),
+            self._channel(scope),
+        ]
         return bool(await self._script("complete", [self._key(scope)], args))
 
     async def release(self, scope: str, token: str, fingerprint: str, reason: str) -> bool:
@@ -214,7 +219,7 @@ class RedisStore:
     def _deliver(self, channel: bytes | str, data: bytes | str) -> None:
         name = channel.decode() if isinstance(channel, bytes) else channel
         if name.startswith(self._channel_prefix):
-            self._signals.fire(name[len(self._channel_prefix):], data if isinstance(data, bytes) else data.encode())
+            self._signals.fire(name[len(self._channel_prefix) :], data if isinstance(data, bytes) else data.encode())
 
     def statistics(self) -> dict[str, Any]:
         return {
@@ -245,4 +250,3 @@ async def _preload(client: coredis.Redis[bytes]) -> None:
                 await client.script_load(src)
         except _ERRORS as exc:  # Redis down at start: scripts load on first use instead
             log.debug("redis: scripts not preloaded: %r", exc)
-

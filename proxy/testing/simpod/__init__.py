@@ -9,15 +9,29 @@ Public API for tests and benchmarks:
 from proxy.testing.simpod.engine import Engine, EngineStats, Sequence
 from proxy.testing.simpod.profiles import PROFILES, Profile, get_profile
 from proxy.testing.simpod.workload import (
-           CHAT,
-           COMPLETION,
-           EMBEDDING,
-           BadRequest,
-           Job,
-           Oracle,
-           oracle,
-           parse_job,
+    CHAT,
+    COMPLETION,
+    EMBEDDING,
+    BadRequest,
+    Job,
+    Oracle,
+    oracle,
+    parse_job,
 )
 
-__all__ = ["CHAT", "COMPLETION", "EMBEDDING", "PROFILES", "BadRequest", "Engine", "EngineStats", "Job",
-           "Oracle", "Profile", "Sequence", "get_profile", "oracle", "parse_job"]
+__all__ = [
+    "CHAT",
+    "COMPLETION",
+    "EMBEDDING",
+    "PROFILES",
+    "BadRequest",
+    "Engine",
+    "EngineStats",
+    "Job",
+    "Oracle",
+    "Profile",
+    "Sequence",
+    "get_profile",
+    "oracle",
+    "parse_job",
+]

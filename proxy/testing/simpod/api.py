@@ -79,14 +79,14 @@ class PodAPI:
             return await self._error(sink, 405, f"use {method.decode()}", "method_not_allowed")
         await handler(request, sink)
 
-    async def _error(self, sink: ResponseSink, status: int, message: str, type_: str,
-                     param: str | None = None) -> None:
+    async def _error(self, sink: ResponseSink, status: int, message: str, type_: str, param: str | None = None) -> None:
         await sink.respond(status, _JSON, shapes.error_body(message, type_, param))
 
     # --- inference ---
     def _inference_for(self, kind: str):
         async def handle(request: Request, sink: ResponseSink) -> None:
             await self._inference(kind, request, sink)
+
         return handle
 
     def _deadline(self, request: Request) -> float | None:
@@ -152,8 +152,14 @@ class PodAPI:
     # --- controls ---
     async def _health(self, request: Request, sink: ResponseSink) -> None:
         ready = self.pod.ready()
-        body = _encode({"status": "ok" if ready else "starting", "instance_id": self.pod.instance_id,
-                        "started_at": self.pod.started_at, "uptime_s": self.pod.elapsed()})
+        body = _encode(
+            {
+                "status": "ok" if ready else "starting",
+                "instance_id": self.pod.instance_id,
+                "started_at": self.pod.started_at,
+                "uptime_s": self.pod.elapsed(),
+            }
+        )
         await sink.respond(200 if ready else 503, _JSON, body)
 
     async def _models(self, request: Request, sink: ResponseSink) -> None:

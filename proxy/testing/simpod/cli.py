@@ -27,31 +27,58 @@ _TYPES = {"float": float, "int": int, "str": str}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--listen", default="127.0.0.1:8000", metavar="HOST:PORT",
-                        help="address to serve HTTP/1.1 and h2c on (port 0: any free port)")
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="llm",
-                        help="engine cost model (see proxy/testing/simpod/profiles.py)")
+    parser.add_argument(
+        "--listen",
+        default="127.0.0.1:8000",
+        metavar="HOST:PORT",
+        help="address to serve HTTP/1.1 and h2c on (port 0: any free port)",
+    )
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="llm",
+        help="engine cost model (see proxy/testing/simpod/profiles.py)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of every random draw (stop lengths, errors)")
-    parser.add_argument("--drain-timeout-s", type=float, default=5.0,
-                        help="on SIGTERM/SIGINT, how long in-flight requests may finish")
+    parser.add_argument(
+        "--drain-timeout-s", type=float, default=5.0, help="on SIGTERM/SIGINT, how long in-flight requests may finish"
+    )
     cold = parser.add_argument_group("cold start")
-    cold.add_argument("--cold-start-s", type=float, default=0.0,
-                      help="/health (and inference) answer 503 until this long after start")
-    cold.add_argument("--cold-penalty", type=float, default=1.0,
-                      help="step-time multiplier for the first requests, decaying linearly to 1")
-    cold.add_argument("--cold-penalty-requests", type=int, default=0,
-                      help="number of executed requests over which the cold penalty decays to 1")
+    cold.add_argument(
+        "--cold-start-s", type=float, default=0.0, help="/health (and inference) answer 503 until this long after start"
+    )
+    cold.add_argument(
+        "--cold-penalty",
+        type=float,
+        default=1.0,
+        help="step-time multiplier for the first requests, decaying linearly to 1",
+    )
+    cold.add_argument(
+        "--cold-penalty-requests",
+        type=int,
+        default=0,
+        help="number of executed requests over which the cold penalty decays to 1",
+    )
     faults = parser.add_argument_group("faults (one window, in seconds since start; POST /sim/faults at runtime)")
     faults.add_argument("--fault-slowdown", type=float, default=1.0, help="step-time multiplier inside the window")
-    faults.add_argument("--fault-error-rate", type=float, default=0.0,
-                        help="fraction of requests answered 500 (not executed) inside the window")
+    faults.add_argument(
+        "--fault-error-rate",
+        type=float,
+        default=0.0,
+        help="fraction of requests answered 500 (not executed) inside the window",
+    )
     faults.add_argument("--fault-start-s", type=float, default=0.0, help="window start")
     faults.add_argument("--fault-duration-s", type=float, default=math.inf, help="window length (inf: forever)")
     overrides = parser.add_argument_group("profile overrides (default: the profile's value)")
     for f in OVERRIDABLE:
         per_profile = ", ".join(f"{name} {getattr(p, f.name)}" for name, p in PROFILES.items())
-        overrides.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_TYPES[f.type],
-                               default=argparse.SUPPRESS, help=f"{f.metadata['help']} [{per_profile}]")
+        overrides.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            type=_TYPES[f.type],
+            default=argparse.SUPPRESS,
+            help=f"{f.metadata['help']} [{per_profile}]",
+        )
 
 
 def build_pod(args: argparse.Namespace):
@@ -59,10 +86,17 @@ def build_pod(args: argparse.Namespace):
 
     overrides = {f.name: getattr(args, f.name) for f in OVERRIDABLE if hasattr(args, f.name)}
     profile = get_profile(args.profile, **overrides)
-    window = Fault(args.fault_slowdown, args.fault_error_rate, args.fault_start_s,
-                   args.fault_start_s + args.fault_duration_s)
-    return Pod(profile, seed=args.seed, cold_start_s=args.cold_start_s, cold_penalty=args.cold_penalty,
-               cold_penalty_requests=args.cold_penalty_requests, faults=Faults([window]))
+    window = Fault(
+        args.fault_slowdown, args.fault_error_rate, args.fault_start_s, args.fault_start_s + args.fault_duration_s
+    )
+    return Pod(
+        profile,
+        seed=args.seed,
+        cold_start_s=args.cold_start_s,
+        cold_penalty=args.cold_penalty,
+        cold_penalty_requests=args.cold_penalty_requests,
+        faults=Faults([window]),
+    )
 
 
 async def serve(args: argparse.Namespace, pod) -> None:

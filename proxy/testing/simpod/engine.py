@@ -49,6 +49,7 @@ from proxy.testing.simpod.workload import Job
 
 __all__ = ["CANCELLED", "FINISHED", "RUNNING", "WAITING", "Engine", "EngineStats", "Sequence", "transition"]
 
+
 @dataclass(frozen=True)
 class EngineStats:
     running: int
@@ -76,8 +77,17 @@ class EngineStats:
     executions_by_idempotency_key: dict[str, int] = field(default_factory=dict)
 
 
-_COUNTERS = ("_submitted", "_executed", "_completed", "_late", "_cancelled_waiting", "_cancelled_running",
-             "_prompt_tokens", "_output_tokens", "_steps")
+_COUNTERS = (
+    "_submitted",
+    "_executed",
+    "_completed",
+    "_late",
+    "_cancelled_waiting",
+    "_cancelled_running",
+    "_prompt_tokens",
+    "_output_tokens",
+    "_steps",
+)
 _TIMERS = ("_busy_s", "_useful_s", "_wasted_gone_s", "_wasted_deadline_s")
 
 
@@ -248,5 +258,7 @@ class Engine:
         )
 
     def __repr__(self) -> str:
-        return (f"<Engine {self.profile.name} running={len(self._running)}/{self.profile.max_num_seqs} "
-                f"waiting={self._waiting_live} kv={self._kv_reserved}/{self.profile.kv_capacity_tokens}>")
+        return (
+            f"<Engine {self.profile.name} running={len(self._running)}/{self.profile.max_num_seqs} "
+            f"waiting={self._waiting_live} kv={self._kv_reserved}/{self.profile.kv_capacity_tokens}>"
+        )

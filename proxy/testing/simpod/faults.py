@@ -101,8 +101,12 @@ class Faults:
             "slowdown": state.slowdown,
             "error_rate": state.error_rate,
             "windows": [
-                {"slowdown": w.slowdown, "error_rate": w.error_rate, "start_s": w.start_s,
-                 "end_s": None if math.isinf(w.end_s) else w.end_s}
+                {
+                    "slowdown": w.slowdown,
+                    "error_rate": w.error_rate,
+                    "start_s": w.start_s,
+                    "end_s": None if math.isinf(w.end_s) else w.end_s,
+                }
                 for w in self._windows
             ],
         }

@@ -50,7 +50,9 @@ class Profile:
     max_model_len: int = _f(8192, "longest prompt + max_tokens accepted (longer answers 400)")
     default_max_tokens: int = _f(128, "output tokens when a request sets no max_tokens")
     chars_per_token: float = _f(4.0, "prompt characters per token")
-    stop_mean_tokens: float = _f(0.0, "if > 0, output lengths are geometric with this mean, capped at max_tokens; 0: always max_tokens")
+    stop_mean_tokens: float = _f(
+        0.0, "if > 0, output lengths are geometric with this mean, capped at max_tokens; 0: always max_tokens"
+    )
     fixed_steps: int = _f(0, "if > 0, every request runs exactly this many steps (the 'fixed' profile)")
     embedding_dim: int = _f(8, "length of the returned embedding vectors")
     speed: float = _f(1.0, "divides every engine time (2 = twice as fast as the profile says)")

@@ -66,5 +66,7 @@ class Sequence:
         return self.state is FINISHED or self.state is CANCELLED
 
     def __repr__(self) -> str:
-        return (f"<Sequence #{self.seq_id} {self.state} {self.job.kind} prompt={self.job.prompt_tokens} "
-                f"tokens={self.generated}/{self.job.output_tokens} engine_s={self.engine_s:.6f}>")
+        return (
+            f"<Sequence #{self.seq_id} {self.state} {self.job.kind} prompt={self.job.prompt_tokens} "
+            f"tokens={self.generated}/{self.job.output_tokens} engine_s={self.engine_s:.6f}>"
+        )

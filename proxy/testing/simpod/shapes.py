@@ -27,8 +27,27 @@ from proxy.testing.simpod.workload import CHAT, Job
 _encode = msgspec.json.Encoder().encode
 
 # JSON-safe token texts; token i of every answer is WORDS[i % len(WORDS)].
-WORDS = (" lorem", " ipsum", " dolor", " sit", " amet", ",", " consectetur", " adipiscing", " elit",
-         " sed", " do", " eiusmod", " tempor", " incididunt", " ut", " labore", " et", " dolore", ".")
+WORDS = (
+    " lorem",
+    " ipsum",
+    " dolor",
+    " sit",
+    " amet",
+    ",",
+    " consectetur",
+    " adipiscing",
+    " elit",
+    " sed",
+    " do",
+    " eiusmod",
+    " tempor",
+    " incididunt",
+    " ut",
+    " labore",
+    " et",
+    " dolore",
+    ".",
+)
 DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -44,22 +63,30 @@ def finish_reason(job: Job) -> str:
 
 
 def usage(job: Job) -> dict:
-    return {"prompt_tokens": job.prompt_tokens, "completion_tokens": job.output_tokens,
-            "total_tokens": job.prompt_tokens + job.output_tokens}
+    return {
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": job.output_tokens,
+        "total_tokens": job.prompt_tokens + job.output_tokens,
+    }
 
 
 def completion_body(job: Job, rid: str, created: int) -> bytes:
     text = answer_text(job.output_tokens)
     reason = finish_reason(job)
     if job.kind == CHAT:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": reason}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": reason,
+        }
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
         obj = "text_completion"
-    return _encode({"id": rid, "object": obj, "created": created, "model": job.model,
-                    "choices": [choice], "usage": usage(job)})
+    return _encode(
+        {"id": rid, "object": obj, "created": created, "model": job.model, "choices": [choice], "usage": usage(job)}
+    )
 
 
 class ChunkWriter:
@@ -109,13 +136,23 @@ def embeddings_body(job: Job, dim: int, encoding_format: str) -> bytes:
         if encoding_format == "base64":
             vec = base64.b64encode(struct.pack(f"<{dim}f", *vec)).decode()
         data.append({"object": "embedding", "index": i, "embedding": vec})
-    return _encode({"object": "list", "data": data, "model": job.model,
-                    "usage": {"prompt_tokens": job.prompt_tokens, "total_tokens": job.prompt_tokens}})
+    return _encode(
+        {
+            "object": "list",
+            "data": data,
+            "model": job.model,
+            "usage": {"prompt_tokens": job.prompt_tokens, "total_tokens": job.prompt_tokens},
+        }
+    )
 
 
 def models_body(model: str, created: int) -> bytes:
-    return _encode({"object": "list", "data": [
-        {"id": model, "object": "model", "created": created, "owned_by": "rampmeter-sim-pod"}]})
+    return _encode(
+        {
+            "object": "list",
+            "data": [{"id": model, "object": "model", "created": created, "owned_by": "rampmeter-sim-pod"}],
+        }
+    )
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> bytes:

@@ -75,14 +75,16 @@ class _PodCollector:
 
         yield gauge("vllm:num_requests_running", "Number of requests in the running batch.", s.running)
         yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be admitted.", s.waiting)
-        yield gauge("vllm:gpu_cache_usage_perc", "KV cache usage (reserved), 0-1.",
-                    s.kv_reserved_tokens / s.kv_capacity_tokens)
+        yield gauge(
+            "vllm:gpu_cache_usage_perc", "KV cache usage (reserved), 0-1.", s.kv_reserved_tokens / s.kv_capacity_tokens
+        )
         yield counter("vllm:prompt_tokens", "Prefill tokens processed.", s.prompt_tokens)
         yield counter("vllm:generation_tokens", "Generation tokens processed.", s.output_tokens)
         yield counter("vllm:request_success", "Requests finished by the engine.", s.requests_completed)
         yield counter("simpod:busy_seconds", "Engine busy time.", s.busy_s)
-        wasted = CounterMetricFamily("simpod:wasted_seconds", "Engine time spent for nobody, by reason.",
-                                     labels=["model_name", "reason"])
+        wasted = CounterMetricFamily(
+            "simpod:wasted_seconds", "Engine time spent for nobody, by reason.", labels=["model_name", "reason"]
+        )
         wasted.add_metric(model + ["client_gone"], s.wasted_client_gone_s)
         wasted.add_metric(model + ["deadline"], s.wasted_deadline_s)
         yield wasted

@@ -178,8 +178,7 @@ def parse_job(kind: str, body: bytes | dict, profile: Profile, seed: int = 0) ->
     cap = _max_tokens(body, profile)
     if prompt + cap > profile.max_model_len:
         raise BadRequest(
-            f"prompt ({prompt} tokens) + max_tokens ({cap}) exceeds the maximum context length "
-            f"{profile.max_model_len}",
+            f"prompt ({prompt} tokens) + max_tokens ({cap}) exceeds the maximum context length {profile.max_model_len}",
             "max_tokens",
         )
     output = profile.fixed_steps or _true_output(body, cap, profile, seed)
