@@ -251,3 +251,116 @@ def test_invariants_hold_under_any_sequence_of_events(events) -> None:
         assert all(q.generated <= q.job.output_tokens for q in submitted)
     # FCFS: sequences entered the batch in submission order
     assert admitted_order == sorted(admitted_order, key=lambda q: q.seq_id)
+
+
+# --- real servers' habits (issue 12) ---
+KEEPS = Profile(base_ms=10.0, per_seq_ms=0.0, prefill_ms_per_token=0.0, max_num_seqs=1, stops_on_cancel=False)
+
+
+def test_an_engine_that_keeps_computing_orphans_a_cancelled_sequence_and_runs_it_to_the_end() -> None:
+    e = Engine(KEEPS)
+    a = e.submit(gen(prompt=1, out=3), 0.0)
+    b = e.submit(gen(prompt=1, out=1), 0.0)
+    run_step(e, 0.0)
+    e.cancel(a, 0.015)
+    e.cancel(a, 0.016)  # idempotent
+    e.cancel(b, 0.016)  # queued: it still runs, after a (FIFO)
+    s = e.statistics()
+    assert (a.state, b.state, s.requests_orphaned, s.orphans, s.requests_cancelled) == (RUNNING, WAITING, 2, 2, 0)
+    now = 0.01
+    while e.has_work:
+        duration, _ = run_step(e, now)
+        now += duration
+    assert (a.state, b.state, a.generated) == (FINISHED, FINISHED, 3)
+    s = e.statistics()
+    assert s.orphans == 0 and s.useful_s == 0.0
+    assert s.wasted_client_gone_s == pytest.approx(s.busy_s) == pytest.approx(0.04)
+    assert e.idle_since == pytest.approx(0.04)
+
+
+def test_idle_since_is_none_while_busy_and_set_when_the_last_sequence_leaves() -> None:
+    e = Engine(P)
+    assert e.idle_since is None
+    a = e.submit(gen(prompt=1, out=2), 0.0)
+    run_step(e, 0.0)
+    assert e.idle_since is None
+    e.cancel(a, 0.5)  # this profile stops on cancel: idle at once
+    assert e.idle_since == 0.5 and e.statistics().idle_since == 0.5
+
+
+PADDED = Profile(base_ms=10.0, per_seq_ms=1.0, prefill_ms_per_token=0.5, max_num_seqs=2, batching="padded")
+
+
+def test_a_padded_batch_pads_prefill_to_the_longest_prompt_and_ends_with_its_longest_member() -> None:
+    e = Engine(PADDED)
+    short = e.submit(gen(prompt=2, out=1), 0.0)
+    long_ = e.submit(gen(prompt=20, out=3), 0.0)
+    late = e.submit(gen(prompt=2, out=1), 0.0)
+    duration, _ = run_step(e, 0.0)
+    # base 10 + 2 * 1 + both padded to 20 prompt tokens: 2 * 20 * 0.5 = 32 ms
+    assert duration == pytest.approx(0.032)
+    assert (short.generated, short.state, late.state) == (1, RUNNING, WAITING)  # done, held by the batch
+    duration, _ = run_step(e, 1.0)
+    assert duration == pytest.approx(0.012) and late.state is WAITING  # nobody joins a running batch
+    run_step(e, 2.0)
+    assert (short.state, long_.state, short.generated, long_.generated) == (FINISHED, FINISHED, 1, 3)
+    assert short.finished_at == long_.finished_at
+    run_step(e, 3.0)
+    assert late.state is FINISHED
+
+
+def test_a_serial_engine_is_strict_fifo() -> None:
+    e = Engine(Profile(max_num_seqs=1, base_ms=10.0, per_seq_ms=0.0, prefill_ms_per_token=0.0))
+    seqs = [e.submit(gen(prompt=1, out=n), 0.0) for n in (5, 1, 3)]
+    order, now = [], 0.0
+    while e.has_work:
+        duration, progressed = run_step(e, now)
+        now += duration
+        order += [s.seq_id for s in progressed if s.state is FINISHED]
+    assert order == [s.seq_id for s in seqs]
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops, st.booleans(), st.booleans())
+def test_accounting_holds_for_padded_and_keeps_computing_engines(events, padded, stops) -> None:
+    profile = Profile(
+        base_ms=10.0,
+        per_seq_ms=1.0,
+        prefill_ms_per_token=0.5,
+        max_num_seqs=3,
+        kv_capacity_tokens=100,
+        batching="padded" if padded else "continuous",
+        stops_on_cancel=stops,
+    )
+    e = Engine(profile)
+    now, submitted = 0.0, []
+    for ev in events:
+        if ev[0] == "submit":
+            _, prompt, out, extra, is_emb, budget = ev
+            job = emb(prompt) if is_emb else gen(prompt, out, min(out + extra, 100 - prompt))
+            if job.kv_tokens > profile.kv_capacity_tokens or (not is_emb and job.max_tokens < job.output_tokens):
+                continue
+            submitted.append(e.submit(job, now, deadline=None if budget is None else now + budget))
+        elif ev[0] == "cancel" and submitted:
+            seq = submitted[ev[1] % len(submitted)]
+            if not seq.done:
+                e.cancel(seq, now)
+        elif ev[0] == "step":
+            duration = e.begin_step(now)
+            if duration is None:
+                continue
+            now += duration + ev[1]
+            e.end_step(now)
+        s = e.statistics()
+        assert s.running <= profile.max_num_seqs and 0 <= s.kv_reserved_tokens <= profile.kv_capacity_tokens
+        assert s.busy_s == pytest.approx(s.useful_s + s.wasted_s + s.in_progress_s, abs=1e-9)
+        assert s.orphans == sum(1 for q in submitted if q.orphaned and not q.done)
+        assert (s.idle_since is None) or not e.has_work
+        if not stops:
+            assert s.requests_cancelled == 0  # nothing is ever dropped
+        if padded:  # members of one batch (admitted in one step) finish together
+            ends: dict[float, set] = {}
+            for q in submitted:
+                if q.state is FINISHED:
+                    ends.setdefault(q.admitted_at, set()).add(q.finished_at)
+            assert all(len(v) == 1 for v in ends.values())

@@ -253,3 +253,22 @@ def test_h2_rst_stream_cancels_only_that_stream(url) -> None:
     s = stats(url)
     assert (s["requests_cancelled_running"], s["requests_completed"], s["running"]) == (1, 1, 0)
     assert s["wasted_client_gone_s"] > 0
+
+
+def test_habit_flags_on_a_real_process_serial_no_health_no_v1_keeps_computing() -> None:
+    args = ["sim-pod", "--listen", "127.0.0.1:0", "--profile", "serial", "--speed", "20"]
+    with Proc([*args, "--health-path", "", "--api-prefix", ""], name="sim-pod") as proc:
+        url = proc.url()
+        assert httpx.get(url + "/health", timeout=5).status_code == 404
+        assert httpx.post(url + "/v1/chat/completions", json=chat_body(2), timeout=5).status_code == 404
+        with pytest.raises(httpx.ReadTimeout):  # ~0.26 s of work; the client leaves after 0.05 s
+            httpx.post(url + "/chat/completions", json=chat_body(256), timeout=0.05)
+        done = httpx.post(url + "/chat/completions", json=chat_body(2), timeout=10)
+        assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 2
+        s = stats(url)
+        assert (s["profile"], s["max_num_seqs"], s["requests_orphaned"], s["requests_completed"]) == ("serial", 1, 1, 2)
+        assert s["wasted_client_gone_s"] >= 0.2  # the orphan ran to its end before the next one
+    bad = subprocess.run(
+        [sys.executable, "-m", "proxy", *args, "--stops-on-cancel", "maybe"], capture_output=True, text=True, timeout=30
+    )
+    assert bad.returncode == 2 and "expected true or false" in bad.stderr

@@ -300,3 +300,53 @@ async def test_idle_pod_does_not_step(nursery, autojump_clock) -> None:
     steps = api.pod.engine.statistics().steps
     await trio.sleep(3600)
     assert api.pod.engine.statistics().steps == steps == 2
+
+
+# --- real servers' habits (issue 12) ---
+
+
+async def test_a_profile_without_health_or_v1_serves_the_bare_paths_and_404s_the_rest(nursery, autojump_clock) -> None:
+    api = await start(nursery, P.with_overrides(health_path="", api_prefix=""))
+    assert (await call(api, "GET", "/health")).status == 404
+    assert (await call(api, "POST", "/v1/chat/completions", chat(2))).status == 404
+    ok = await call(api, "POST", "/chat/completions", chat(2))
+    assert ok.status == 200 and ok.json()["usage"]["completion_tokens"] == 2
+    assert (await call(api, "POST", "/embeddings", {"input": "a"})).json()["object"] == "list"
+    assert (await call(api, "GET", "/models")).json()["data"][0]["id"] == "m"
+    assert (await call(api, "GET", "/metrics")).status == 200  # the pod's own controls stay
+    moved = await start(nursery, P.with_overrides(health_path="/healthz"))
+    assert (await call(moved, "GET", "/healthz")).status == 200
+    assert (await call(moved, "GET", "/health")).status == 404
+
+
+async def test_a_pod_that_keeps_computing_finishes_the_work_its_client_left(nursery, autojump_clock) -> None:
+    api = await start(nursery, P.with_overrides(stops_on_cancel=False, max_num_seqs=1))
+    t0 = trio.current_time()
+    with trio.move_on_after(0.02):  # the client goes after 20 ms of a ~0.12 s request
+        await call(api, "POST", "/v1/chat/completions", chat(10))
+    s = await stats(api)
+    assert (s["running"], s["requests_orphaned"], s["requests_cancelled"]) == (1, 1, 0)
+    assert s["idle_for_s"] == 0.0
+    # the next request waits for the orphan: cancelling freed nothing
+    await call(api, "POST", "/v1/chat/completions", chat(1))
+    alone = oracle(CHAT, chat(10), P).service_s
+    assert trio.current_time() - t0 >= alone
+    s = await stats(api)
+    assert s["orphans"] == 0 and s["wasted_client_gone_s"] == pytest.approx(alone, rel=0.2)
+    await trio.sleep(1.0)
+    assert (await stats(api))["idle_for_s"] == pytest.approx(1.0)
+
+
+async def test_a_padded_batch_answers_a_short_request_with_the_longest(nursery, autojump_clock) -> None:
+    api = await start(nursery, P.with_overrides(batching="padded", prefill_ms_per_token=0.0, per_seq_ms=0.0))
+    done: dict[int, float] = {}
+
+    async def one(tokens: int) -> None:
+        await call(api, "POST", "/v1/completions", {"prompt": "x", "max_tokens": tokens})
+        done[tokens] = trio.current_time()
+
+    t0 = trio.current_time()
+    async with trio.open_nursery() as n:
+        n.start_soon(one, 1)
+        n.start_soon(one, 8)
+    assert done[1] == done[8] and done[8] - t0 == pytest.approx(0.08)

@@ -17,6 +17,10 @@ sequence: it leaves the queue or batch at once and its work counts as wasted.
 Controls: GET /health (503 until cold start ends; JSON with instance_id and
 started_at either way), GET /v1/models, GET /sim/stats, POST /sim/faults,
 POST /sim/reset-stats, GET /metrics (vLLM names, see stats.py).
+
+The profile moves or drops paths as real servers do: `health_path` ("" = no
+health endpoint: 404) and `api_prefix` ("" = /chat/completions, /completions,
+/embeddings and /models without /v1). The /sim/* controls and /metrics stay.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from proxy.http.messages import Request, ResponseSink
 from proxy.testing.simpod import shapes, stats
 from proxy.testing.simpod.driver import Pod
 from proxy.testing.simpod.faults import fault_from_json
-from proxy.testing.simpod.workload import EMBEDDING, ENDPOINTS, BadRequest, Job, parse_job
+from proxy.testing.simpod.workload import EMBEDDING, BadRequest, Job, endpoints, parse_job
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -52,16 +56,18 @@ class PodAPI:
         self.counters = stats.HttpCounters()
         self._registry = stats.metrics_registry(pod)
         self._created = int(pod.started_at)
+        profile = pod.profile
         self._routes = {
-            b"/health": (b"GET", self._health),
-            b"/v1/models": (b"GET", self._models),
+            profile.api_prefix.encode() + b"/models": (b"GET", self._models),
             b"/sim/stats": (b"GET", self._stats),
             b"/sim/faults": (b"POST", self._faults),
             b"/sim/reset-stats": (b"POST", self._reset),
             b"/metrics": (b"GET", self._metrics),
             b"/sim/echo": (b"POST", self._echo),
         }
-        for path, kind in ENDPOINTS.items():
+        if profile.health_path:
+            self._routes[profile.health_path.encode()] = (b"GET", self._health)
+        for path, kind in endpoints(profile.api_prefix).items():
             self._routes[path] = (b"POST", self._inference_for(kind))
 
     def __repr__(self) -> str:

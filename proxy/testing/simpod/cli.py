@@ -8,6 +8,10 @@ once bound; on SIGTERM/SIGINT drain in-flight requests (`--drain-timeout-s`),
 stop the step loop and exit 0.
 
 Example: rampmeter sim-pod --listen 127.0.0.1:0 --profile fixed --speed 10
+Real servers' habits: --profile serial (one at a time, keeps computing after a
+disconnect), --profile keeps-computing (padded batches), or on any profile
+--stops-on-cancel false, --health-path "" (no /health), --api-prefix "" (no /v1),
+--batching padded, --max-num-seqs 1.
 """
 
 from __future__ import annotations
@@ -23,7 +27,17 @@ from proxy.testing.procs import print_ready
 from proxy.testing.simpod.faults import Fault, Faults
 from proxy.testing.simpod.profiles import OVERRIDABLE, PROFILES, get_profile
 
-_TYPES = {"float": float, "int": int, "str": str}
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "yes", "1", "on"):
+        return True
+    if value in ("false", "no", "0", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+_TYPES = {"float": float, "int": int, "str": str, "bool": _bool}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -133,10 +133,17 @@ class Pod:
             await self.wait(seq)
 
     def release(self, seq: Sequence) -> None:
-        """End the handler's lease: cancel the sequence unless it finished. Idempotent."""
+        """End the handler's lease: cancel the sequence unless it finished (a profile that
+        keeps computing after a disconnect orphans it instead). Idempotent."""
         seq.waker = None
         if not seq.done:
             self.engine.cancel(seq, trio.current_time())
+
+    def idle_for_s(self) -> float:
+        """How long the engine has had nothing to do (0 while busy or before any work):
+        a benchmark reads it to tell when the backend really stopped computing."""
+        since = self.engine.idle_since
+        return 0.0 if since is None or self.engine.has_work else trio.current_time() - since
 
     def reset_stats(self) -> None:
         self.engine.reset_stats()
@@ -153,6 +160,7 @@ class Pod:
             "model": self.profile.model,
             "seed": self.seed,
             "faults": self.faults.statistics(self.elapsed()),
+            "idle_for_s": self.idle_for_s(),
             "loop_late_steps": self._late_steps,
             "loop_lag_s": self._lag_s,
         }

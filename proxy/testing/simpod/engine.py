@@ -13,6 +13,12 @@ The driver calls `begin_step(now, slowdown)` then, `duration` later,
   emits one token, and any that reached its length finishes and frees its KV.
 - cancel(seq, now) removes a sequence at once, from the queue or the batch
   (freeing its KV); a step already priced stays charged, since the GPU ran it.
+  A profile with stops_on_cancel = false orphans it instead: it keeps its
+  place and runs to the end, all of its work wasted (the real servers' habit
+  that makes cutting a request at its deadline free nothing).
+- batching = "padded": a batch is formed from the queue head only while
+  nothing runs; every member is charged prefill for the batch's longest
+  prompt (padding) and finishes in the step the longest member finishes.
 
 Accounting (honest, since the last `reset_stats`):
 - each step's duration is split over the sequences in it: base cost equally,
@@ -21,7 +27,10 @@ Accounting (honest, since the last `reset_stats`):
 - when a sequence ends, its engine_s is settled: completed by its deadline ->
   useful_s; cancelled (client gone) -> wasted_client_gone_s; completed after, or
   cancelled at/after, its deadline -> wasted_deadline_s (nobody was waiting for
-  it any more). Hence busy_s == useful_s + wasted_s + in_progress_s.
+  it any more); orphaned -> wasted as if cancelled when it ends. Hence
+  busy_s == useful_s + wasted_s + in_progress_s. `idle_since` is when the
+  engine last ran out of work (None while busy or before any work), so a
+  benchmark can tell how long the backend kept computing after its load stopped.
 
 Invariants (tested with Hypothesis): running <= max_num_seqs; kv_reserved <=
 kv_capacity_tokens; admission order == submission order minus cancellations.
@@ -64,6 +73,8 @@ class EngineStats:
     requests_cancelled: int
     requests_cancelled_waiting: int
     requests_cancelled_running: int
+    requests_orphaned: int  # client gone, computed anyway (stops_on_cancel = false)
+    orphans: int  # orphaned sequences still queued or running
     prompt_tokens: int  # prefilled (of executed requests)
     output_tokens: int  # generated
     steps: int
@@ -74,6 +85,7 @@ class EngineStats:
     wasted_deadline_s: float
     in_progress_s: float
     cold_multiplier: float
+    idle_since: float | None = None
     executions_by_idempotency_key: dict[str, int] = field(default_factory=dict)
 
 
@@ -84,6 +96,7 @@ _COUNTERS = (
     "_late",
     "_cancelled_waiting",
     "_cancelled_running",
+    "_orphaned",
     "_prompt_tokens",
     "_output_tokens",
     "_steps",
@@ -106,6 +119,8 @@ class Engine:
         self._lifetime_executed = 0  # drives the cold penalty; never reset
         self._in_step = False
         self._by_key: dict[str, int] = {}
+        self._orphans = 0
+        self.idle_since: float | None = None
         self.reset_stats()
 
     # --- the driver's interface ---
@@ -116,6 +131,7 @@ class Engine:
     def submit(self, job: Job, now: float, *, deadline: float | None = None, key: str | None = None) -> Sequence:
         if job.kv_tokens > self.profile.kv_capacity_tokens:
             raise ValueError(f"{job.kv_tokens} KV tokens can never fit in {self.profile.kv_capacity_tokens}")
+        self.idle_since = None
         self._next_id += 1
         seq = Sequence(self._next_id, job, now, deadline, key)
         self._waiting.append(seq)
@@ -149,7 +165,9 @@ class Engine:
         return duration
 
     def _admit(self, now: float, prefill_s: float) -> float:
-        cost = 0.0
+        if self.profile.padded and self._running:
+            return 0.0  # a padded batch runs to its end before the next one forms
+        admitted: list[Sequence] = []
         cap, kv_cap, waiting = self.profile.max_num_seqs, self.profile.kv_capacity_tokens, self._waiting
         while waiting and len(self._running) < cap:
             seq = waiting[0]
@@ -164,13 +182,21 @@ class Engine:
             seq.admitted_at = now
             self._running[seq] = None
             self._kv_reserved += seq.job.kv_tokens
-            seq.engine_s += seq.job.prompt_tokens * prefill_s
-            cost += seq.job.prompt_tokens * prefill_s
+            admitted.append(seq)
             self._executed += 1
             self._lifetime_executed += 1
             self._prompt_tokens += seq.job.prompt_tokens
             if seq.idempotency_key is not None:
                 self._by_key[seq.idempotency_key] = self._by_key.get(seq.idempotency_key, 0) + 1
+        if not admitted:
+            return 0.0
+        # Padded: every input is padded to the batch's longest prompt, and pays for it.
+        padded_to = max(s.job.prompt_tokens for s in admitted) if self.profile.padded else 0
+        cost = 0.0
+        for seq in admitted:
+            charge = (padded_to or seq.job.prompt_tokens) * prefill_s
+            seq.engine_s += charge
+            cost += charge
         return cost
 
     def end_step(self, now: float) -> list[Sequence]:
@@ -179,14 +205,23 @@ class Engine:
             raise RuntimeError("end_step without begin_step")
         self._in_step = False
         batch = list(self._running)
+        padded = self.profile.padded
         for seq in batch:
             seq.steps_done += 1
-            if seq.job.output_tokens:
+            if seq.generated < seq.job.output_tokens:  # a padded member past its length idles
                 seq.generated += 1
                 self._output_tokens += 1
-            if seq.steps_done >= seq.job.steps:
+            if not padded and seq.steps_done >= seq.job.steps:
                 self._finish(seq, now)
+        if padded and all(seq.steps_done >= seq.job.steps for seq in batch):
+            for seq in batch:  # the whole batch ends with its longest member
+                self._finish(seq, now)
+        self._note_idle(now)
         return batch
+
+    def _note_idle(self, now: float) -> None:
+        if not self.has_work:
+            self.idle_since = now
 
     def _finish(self, seq: Sequence, now: float) -> None:
         seq.state = transition(seq.state, FINISH)
@@ -194,24 +229,41 @@ class Engine:
         del self._running[seq]
         self._kv_reserved -= seq.job.kv_tokens
         self._completed += 1
-        if seq.deadline is not None and now > seq.deadline:
+        if seq.orphaned:
+            self._orphans -= 1
+            self._waste(seq, now)
+        elif seq.deadline is not None and now > seq.deadline:
             self._late += 1
             self._wasted_deadline_s += seq.engine_s
         else:
             self._useful_s += seq.engine_s
 
     def cancel(self, seq: Sequence, now: float) -> None:
-        """The client went away: drop the sequence now and count its work as wasted."""
+        """The client went away: drop the sequence now and count its work as wasted.
+
+        With stops_on_cancel = false the engine does not notice: the sequence is
+        orphaned and runs to the end (idempotent: a second call does nothing)."""
+        if not self.profile.stops_on_cancel:
+            if not seq.orphaned:
+                seq.orphaned = True
+                self._orphaned += 1
+                self._orphans += 1
+            return
         was = seq.state
         seq.state = transition(was, CANCEL)
         seq.finished_at = now
         if was is WAITING:
             self._waiting_live -= 1  # the deque entry is a tombstone, skipped at admission
             self._cancelled_waiting += 1
+            self._note_idle(now)
             return
         del self._running[seq]
         self._kv_reserved -= seq.job.kv_tokens
         self._cancelled_running += 1
+        self._waste(seq, now)
+        self._note_idle(now)
+
+    def _waste(self, seq: Sequence, now: float) -> None:
         if seq.deadline is not None and now >= seq.deadline:
             self._wasted_deadline_s += seq.engine_s
         else:
@@ -244,6 +296,8 @@ class Engine:
             requests_cancelled=self._cancelled_waiting + self._cancelled_running,
             requests_cancelled_waiting=self._cancelled_waiting,
             requests_cancelled_running=self._cancelled_running,
+            requests_orphaned=self._orphaned,
+            orphans=self._orphans,
             prompt_tokens=self._prompt_tokens,
             output_tokens=self._output_tokens,
             steps=self._steps,
@@ -254,11 +308,12 @@ class Engine:
             wasted_deadline_s=self._wasted_deadline_s,
             in_progress_s=sum(s.engine_s for s in running),
             cold_multiplier=self.cold_multiplier(),
+            idle_since=self.idle_since,
             executions_by_idempotency_key=dict(self._by_key),
         )
 
     def __repr__(self) -> str:
         return (
             f"<Engine {self.profile.name} running={len(self._running)}/{self.profile.max_num_seqs} "
-            f"waiting={self._waiting_live} kv={self._kv_reserved}/{self.profile.kv_capacity_tokens}>"
+            f"waiting={self._waiting_live} orphans={self._orphans} kv={self._kv_reserved}/{self.profile.kv_capacity_tokens}>"
         )

@@ -26,6 +26,28 @@ The three built-in profiles (figures are chosen, not measured on a real GPU):
       capacity_rps = C / (N * T / 1000 / speed)        (default: 32 / (10 * 0.010) = 320 req/s)
   and a lone request takes N * T / speed ms. The load generator's accuracy
   benchmark relies on this formula.
+
+Habits of real servers (issue 12: the pod was kinder than all of them), each a
+field, so any profile can take any of them (`--stops-on-cancel false` ...):
+- `stops_on_cancel`: False: a request whose client went away keeps its place in
+  the queue or batch and runs to the end (llama.cpp non-streaming, LitServe,
+  PyTriton, MLServer, most embeddings servers); its work counts as wasted.
+- `health_path`: "" serves no health endpoint (404), as the serial llama.cpp-style
+  server the issue measured; any other path moves it (/healthz, /ping ...).
+- `api_prefix`: "" serves /chat/completions, /completions, /embeddings, /models
+  without /v1 (as many embeddings servers do).
+- `batching`: "continuous" (vLLM: join the running batch every step) or "padded"
+  (a static batch: formed from the queue only when the engine is idle, every
+  input padded to the longest prompt, and every member finishes with the
+  longest one, as TorchServe, Triton's plain dynamic batcher and LitServe do).
+- max_num_seqs = 1 is a strictly serial FIFO engine (llama.cpp with one slot).
+
+Two more built-in profiles carry those habits:
+- "serial": a llama.cpp-style server on CPU: one request at a time, first come
+  first served, 20 ms a generated token, 0.5 ms a prompt token, keeps computing
+  after a disconnect. Alone, 16 output tokens take ~0.34 s, 256 take ~5.1 s.
+- "keeps-computing": a LitServe/PyTriton-style server: padded batches of up to
+  8, 25 ms a step, keeps computing after a disconnect.
 """
 
 from __future__ import annotations
@@ -56,6 +78,10 @@ class Profile:
     fixed_steps: int = _f(0, "if > 0, every request runs exactly this many steps (the 'fixed' profile)")
     embedding_dim: int = _f(8, "length of the returned embedding vectors")
     speed: float = _f(1.0, "divides every engine time (2 = twice as fast as the profile says)")
+    stops_on_cancel: bool = _f(True, "false: a request whose client left runs to the end anyway (its work wasted)")
+    health_path: str = _f("/health", "health endpoint path; empty: none (404)")
+    api_prefix: str = _f("/v1", "prefix of the OpenAI paths; empty: /chat/completions, /embeddings ... without /v1")
+    batching: str = _f("continuous", "continuous (join every step) or padded (static batches, all finish together)")
 
     def __post_init__(self) -> None:
         for name in ("base_ms", "per_seq_ms", "prefill_ms_per_token", "stop_mean_tokens"):
@@ -68,6 +94,16 @@ class Profile:
             raise ValueError("fixed_steps must be >= 0")
         if self.chars_per_token <= 0 or self.speed <= 0:
             raise ValueError("chars_per_token and speed must be > 0")
+        if self.batching not in BATCHING:
+            raise ValueError(f"batching must be one of {', '.join(BATCHING)}")
+        for name in ("health_path", "api_prefix"):
+            value = getattr(self, name)
+            if value and (not value.startswith("/") or value.endswith("/") or len(value) > 256):
+                raise ValueError(f"{name} must be empty or a path like /health (no trailing slash)")
+
+    @property
+    def padded(self) -> bool:
+        return self.batching == "padded"
 
     @property
     def ms_to_s(self) -> float:
@@ -84,6 +120,8 @@ class Profile:
         """A copy with some fields replaced; None values are ignored."""
         return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
+
+BATCHING = ("continuous", "padded")
 
 PROFILES: dict[str, Profile] = {
     "llm": Profile(),
@@ -109,6 +147,29 @@ PROFILES: dict[str, Profile] = {
         max_model_len=1 << 30,
         default_max_tokens=16,
         fixed_steps=10,
+    ),
+    "serial": Profile(
+        name="serial",
+        model="sim-serial",
+        base_ms=20.0,
+        per_seq_ms=0.0,
+        prefill_ms_per_token=0.5,
+        max_num_seqs=1,
+        kv_capacity_tokens=1 << 20,
+        default_max_tokens=256,
+        stops_on_cancel=False,
+    ),
+    "keeps-computing": Profile(
+        name="keeps-computing",
+        model="sim-keeps-computing",
+        base_ms=25.0,
+        per_seq_ms=1.0,
+        prefill_ms_per_token=0.05,
+        max_num_seqs=8,
+        kv_capacity_tokens=1 << 20,
+        default_max_tokens=16,
+        stops_on_cancel=False,
+        batching="padded",
     ),
 }
 

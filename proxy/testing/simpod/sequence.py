@@ -6,6 +6,10 @@ left), from the queue or the batch. The lifecycle is the `(state, event) ->
 state` table below; an unknown transition is a bug and raises. The engine
 (`engine.py`) mutates sequences; the runtime only reads them and parks its wakeup
 in `waker`. Pure: no I/O, no clock.
+
+An engine whose profile keeps computing after a disconnect does not cancel:
+it marks the sequence `orphaned` (nobody reads its answer any more) and lets
+it run on through the same table to FINISHED.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class Sequence:
         "generated",
         "idempotency_key",
         "job",
+        "orphaned",
         "seq_id",
         "state",
         "steps_done",
@@ -59,6 +64,7 @@ class Sequence:
         self.steps_done = 0
         self.generated = 0  # output tokens emitted so far
         self.engine_s = 0.0  # engine time charged to this sequence
+        self.orphaned = False  # its client left, but the engine computes it anyway
         self.waker: object = None
 
     @property

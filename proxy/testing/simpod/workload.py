@@ -32,11 +32,20 @@ from proxy.testing.simpod.profiles import Profile
 CHAT = "chat"
 COMPLETION = "completion"
 EMBEDDING = "embedding"
-ENDPOINTS = {
-    b"/v1/chat/completions": CHAT,
-    b"/v1/completions": COMPLETION,
-    b"/v1/embeddings": EMBEDDING,
+# Inference paths below the profile's api_prefix ("/v1" unless the profile drops it).
+ENDPOINT_SUFFIXES = {
+    b"/chat/completions": CHAT,
+    b"/completions": COMPLETION,
+    b"/embeddings": EMBEDDING,
 }
+ENDPOINTS = {b"/v1" + path: kind for path, kind in ENDPOINT_SUFFIXES.items()}
+
+
+def endpoints(api_prefix: str) -> dict[bytes, str]:
+    """Inference path -> kind under a profile's api_prefix."""
+    prefix = api_prefix.encode()
+    return {prefix + path: kind for path, kind in ENDPOINT_SUFFIXES.items()}
+
 
 _decode = msgspec.json.Decoder().decode
 _canonical = msgspec.json.Encoder(order="sorted").encode
@@ -200,8 +209,11 @@ def uncontended_s(prompt_tokens: int, steps: int, profile: Profile) -> float:
 def oracle(kind: str, body: bytes | dict, profile: Profile, seed: int = 0) -> Oracle:
     """True output tokens and uncontended service time of a request, for oracle schedulers.
 
-    `kind` is CHAT, COMPLETION, EMBEDDING or the endpoint's path ("/v1/chat/completions").
+    `kind` is CHAT, COMPLETION, EMBEDDING or the endpoint's path, with or without /v1
+    ("/v1/chat/completions", "/embeddings").
     """
-    kind = ENDPOINTS.get(kind.encode(), kind) if kind.startswith("/") else kind
+    if kind.startswith("/"):
+        path = kind.encode()
+        kind = ENDPOINTS.get(path) or ENDPOINT_SUFFIXES.get(path, kind)
     job = parse_job(kind, body, profile, seed)
     return Oracle(job.prompt_tokens, job.output_tokens, job.steps, uncontended_s(job.prompt_tokens, job.steps, profile))
