@@ -23,14 +23,17 @@ shedding rule.
 
 from __future__ import annotations
 
+import errno
 import logging
 import random
+import socket
 from typing import Any
 
 import msgspec
 import trio
 
 from proxy.core.arrival import ArrivalGate
+from proxy.errors import StartupError
 from proxy.http.pool import UpstreamPool
 from proxy.http.server import Server
 from proxy.policy import shedding as shedding_policy
@@ -53,6 +56,52 @@ ADMIN_LIMITS = Listen(max_connections=64, max_concurrent_streams=16, max_body_by
 SIGNAL_INTERVAL_S = 0.25
 
 
+async def _listen(nursery: trio.Nursery, server: Server, address: str) -> str:
+    """Start `server` on `address`; a bind the operator can fix (port taken...) is a StartupError."""
+    try:
+        return await nursery.start(server.serve, address)
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {address}: {listen_failure(exc)}") from exc
+
+
+def listen_failure(exc: OSError) -> str:
+    """Why a bind failed, in the words an operator searches for."""
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve the host ({exc.strerror or exc})"
+    reasons = {
+        errno.EADDRINUSE: "address already in use",
+        errno.EADDRNOTAVAIL: "no such address on this host",
+        errno.EACCES: "permission denied (ports below 1024 need privileges)",
+    }
+    return reasons.get(exc.errno, (exc.strerror or str(exc)).lower())
+
+
+def _restart_parts(p: Policy) -> tuple[tuple[str, object], ...]:
+    """What a running sidecar cannot change without a restart, by the key an operator edits."""
+    return (
+        ("listen.address", p.listen.address),
+        ("admin", p.admin),
+        ("upstreams", p.upstreams),
+        ("dedup.store", (p.dedup.store, p.dedup.redis_url)),
+    )
+
+
+def restart_keys(before: Policy, after: Policy) -> list[str]:
+    """Keys whose change between two policies takes effect only at the next restart."""
+    return [name for (name, a), (_, b) in zip(_restart_parts(before), _restart_parts(after), strict=True) if a != b]
+
+
+def keep_running(policy: Policy, running: Policy) -> Policy:
+    """`policy` with the restart-only parts of the policy `running` now."""
+    return msgspec.structs.replace(
+        policy,
+        listen=msgspec.structs.replace(policy.listen, address=running.listen.address),
+        admin=running.admin,
+        upstreams=running.upstreams,
+        dedup=msgspec.structs.replace(policy.dedup, store=running.dedup.store, redis_url=running.dedup.redis_url),
+    )
+
+
 class App:
     def __init__(
         self,
@@ -60,6 +109,7 @@ class App:
         version: PolicyVersion,
         *,
         policy_path: str | None = None,
+        file_policy: Policy | None = None,
         registry=None,
         rng: random.Random | None = None,
         nvml: Any = None,
@@ -67,6 +117,8 @@ class App:
         self.policy = policy
         self.version = version
         self.policy_path = policy_path
+        # The policy file as written (before command-line overrides): reloads compare file with file.
+        self.file_policy = file_policy if file_policy is not None else policy
         self.rng = rng or random.Random()
         self.metrics = metrics = Metrics(registry)
         metrics.policy_version.set(version.version)
@@ -118,8 +170,8 @@ class App:
             await nursery.start(self.gpu.run)
             await nursery.start(self.upstream_metrics.run)
             nursery.start_soon(self._signals)
-            data = await nursery.start(self.data_server.serve, data_address)
-            admin = await nursery.start(self.admin_server.serve, admin_address)
+            data = await _listen(nursery, self.data_server, data_address)
+            admin = await _listen(nursery, self.admin_server, admin_address)
             if self.policy_path:
                 self.reloader = PolicyReloader(self.policy_path, self.version, self.apply_policy, metrics=self.metrics)
                 await nursery.start(self.reloader.run)
@@ -152,29 +204,18 @@ class App:
             self.nursery.cancel_scope.cancel()
 
     def apply_policy(self, policy: Policy, version: PolicyVersion) -> None:
+        """Put a reloaded file's policy in force. `policy` is the file as written, without command-line overrides."""
         old = self.policy
-        restart_needed = [
-            name
-            for name, before, after in (
-                ("listen.address", old.listen.address, policy.listen.address),
-                ("admin", old.admin, policy.admin),
-                ("upstreams", old.upstreams, policy.upstreams),
-                ("dedup.store", (old.dedup.store, old.dedup.redis_url), (policy.dedup.store, policy.dedup.redis_url)),
-            )
-            if before != after
-        ]
+        # File against file: `--listen`/`--admin`/`--upstream` make the policy in force differ
+        # from every file, which is no reason to warn at each reload.
+        restart_needed = restart_keys(self.file_policy, policy)
+        self.file_policy = policy
         if restart_needed:
             log.warning("policy v%d changes %s; those take effect at the next restart", version.version, restart_needed)
-            # Until then they run as they are, and the policy in force must say so: the
-            # parts sized by the upstream list index it (a file listing more upstreams than
-            # `--upstream` gave crashed the sidecar), and command-line overrides survive.
-            policy = msgspec.structs.replace(
-                policy,
-                listen=msgspec.structs.replace(policy.listen, address=old.listen.address),
-                admin=old.admin,
-                upstreams=old.upstreams,
-                dedup=msgspec.structs.replace(policy.dedup, store=old.dedup.store, redis_url=old.dedup.redis_url),
-            )
+        # Until then they run as they are, and the policy in force must say so: the parts
+        # sized by the upstream list index it (a file listing more upstreams than
+        # `--upstream` gave crashed the sidecar), and command-line overrides survive.
+        policy = keep_running(policy, old)
         self.policy, self.version = policy, version
         self.scheduler.apply_policy(policy)
         if policy.latency != old.latency:

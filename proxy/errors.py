@@ -21,6 +21,14 @@ class PolicyError(RampmeterError):
         super().__init__(f"{source}: " + "; ".join(errors))
 
 
+class StartupError(RampmeterError):
+    """Something the operator asked for cannot start (a port in use, an address not on this host).
+
+    The message is the whole story, one line: `rampmeter serve` prints it and exits 1,
+    without a traceback, because nothing in the code is wrong.
+    """
+
+
 class ProtocolError(RampmeterError):
     """A peer broke HTTP (malformed request, bad framing)."""
 

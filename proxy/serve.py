@@ -3,19 +3,24 @@
 With no policy file the embedded defaults serve (every key's default is in
 `policies/default.toml` and `rampmeter policy schema`). Flags override the file.
 SIGTERM/SIGINT drain gracefully and exit 0; SIGHUP re-reads the policy file.
+
+A start-up problem the operator can fix (an invalid or unreadable policy, a bad
+flag value, a port already in use, an address not on this host) prints one line per
+problem, `rampmeter: ...`, and exits 1; a traceback means a bug in rampmeter.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import sys
 
 import msgspec
 import trio
 
-from proxy.errors import PolicyError
+from proxy.errors import PolicyError, StartupError
 from proxy.policy.load import load_policy, policy_from_builtins
 from proxy.policy.schema import Policy
 from proxy.runtime.reload import PolicyVersion, digest
@@ -46,11 +51,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="protocol for --upstream URLs (default http1)",
     )
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
-def resolve_policy(args: argparse.Namespace) -> tuple[Policy, PolicyVersion]:
-    """The policy file (or defaults) with command-line overrides applied and validated."""
+# Policy keys the flags set, so an invalid flag value is reported as the flag.
+_FLAG_KEYS = (
+    (r"listen\.address", "--listen"),
+    (r"admin\.address", "--admin"),
+    (r"upstreams\[\d+\]\.url", "--upstream"),
+)
+
+
+def resolve_policy(args: argparse.Namespace) -> tuple[Policy, PolicyVersion, Policy]:
+    """The policy file (or defaults) with command-line overrides applied and validated; and the file's own."""
     if args.policy:
         policy = load_policy(args.policy)
         with open(args.policy, "rb") as f:
@@ -66,31 +78,53 @@ def resolve_policy(args: argparse.Namespace) -> tuple[Policy, PolicyVersion]:
     if args.upstream:
         protocol = args.upstream_protocol or "http1"
         data["upstreams"] = [{"url": url, "protocol": protocol} for url in args.upstream]
-    # Overrides get exactly the checks a file gets, with errors naming the key.
-    return policy_from_builtins(data, "command line"), version
+    # Overrides get exactly the checks a file gets, with errors naming the flag.
+    try:
+        return policy_from_builtins(data, "command line"), version, policy
+    except PolicyError as exc:
+        raise PolicyError("command line", [_as_flag(line) for line in exc.errors]) from None
+
+
+def _as_flag(line: str) -> str:
+    for pattern, flag in _FLAG_KEYS:
+        line = re.sub(rf"^{pattern}:", f"{flag}:", line)
+    return line
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health check is noise
     try:
-        policy, version = resolve_policy(args)
+        policy, version, file_policy = resolve_policy(args)
     except PolicyError as exc:
         for line in exc.errors:
-            print(f"rampmeter: invalid policy: {line}", file=sys.stderr)
-        return 2
-    trio.run(_serve, policy, version, args.policy)
+            where = "" if line.startswith((exc.source, "--")) else f"{exc.source}: "
+            print(f"rampmeter: {where}{line}", file=sys.stderr)
+        return 1
+    try:
+        trio.run(_serve, policy, version, args.policy, file_policy)
+    except BaseException as exc:
+        message = startup_failure(exc)
+        if message is None:
+            raise
+        print(f"rampmeter: {message}", file=sys.stderr)
+        return 1
     return 0
 
 
-async def _serve(policy: Policy, version: PolicyVersion, policy_path: str | None) -> None:
+def startup_failure(exc: BaseException) -> str | None:
+    """The one line to print when `exc` (maybe wrapped in exception groups) is only a StartupError."""
+    if isinstance(exc, StartupError):
+        return str(exc)
+    if isinstance(exc, BaseExceptionGroup):
+        found, rest = exc.split(StartupError)
+        if found is not None and rest is None:
+            return startup_failure(found.exceptions[0])
+    return None
+
+
+async def _serve(policy: Policy, version: PolicyVersion, policy_path: str | None, file_policy: Policy) -> None:
     from proxy.app import App  # imported late so `rampmeter --help` stays fast
 
-    app = App(policy, version, policy_path=policy_path)
+    app = App(policy, version, policy_path=policy_path, file_policy=file_policy)
     # Receive signals before announcing readiness, so a prompt SIGTERM is never lost.
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:

@@ -216,3 +216,24 @@ async def test_requests_queued_at_reload_time_all_complete(tmp_path, serve):
         final = await until(lambda a: a["queued"] == 0 and a["inflight_requests"] == 0)
     assert statuses == [200] * 4
     assert final["counts"]["admitted"] == 4 and final["counts"]["rejected"] == {} and final["counts"]["expired"] == 0
+
+
+def test_flags_that_differ_from_the_file_do_not_warn_at_every_reload(tmp_path, serve):
+    """--listen/--admin/--upstream override the file: a reload compares file with file, and warns only
+    when the file itself changes a key that needs a restart."""
+    path = tmp_path / "policy.toml"
+    path.write_text(policy(limit=4))
+    proc = serve(path)
+    running = admin_policy(proc)["policy"]
+    replace_file(path, policy(limit=5))
+    wait_version(proc, 2)
+    assert "next restart" not in proc.log()
+    replace_file(path, policy(limit=6) + '[listen]\naddress = "127.0.0.1:1"\n')
+    doc = wait_version(proc, 3)
+    wait_for(lambda: "next restart" in proc.log(), timeout_s=10)
+    (warning,) = [line for line in proc.log().splitlines() if "next restart" in line]
+    assert "policy v3 changes ['listen.address']" in warning
+    # The flags stay in force: the sidecar keeps the addresses and upstream it was started with.
+    assert doc["policy"]["listen"]["address"] == running["listen"]["address"]
+    assert doc["policy"]["admin"] == running["admin"] and doc["policy"]["upstreams"] == running["upstreams"]
+    assert doc["policy"]["limits"]["initial_limit"] == 6
