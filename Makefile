@@ -25,8 +25,11 @@ lint: setup
 	$(PY) -m ruff check proxy client_sdk tests bench
 	$(PY) -m ruff format --check proxy client_sdk tests bench
 
+# The policy reference, the commented defaults and the JSON Schema editors read, all from the schema.
 policy-docs: setup
 	$(PY) -m proxy.policy.reference > docs/policy-reference.md
+	$(PY) -m proxy.policy.reference --toml > policies/default.toml
+	$(PY) -m proxy.policy.reference --schema > policies/policy.schema.json
 
 bench-deps:
 	@command -v h2load >/dev/null && command -v nginx >/dev/null && command -v haproxy >/dev/null \

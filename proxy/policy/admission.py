@@ -301,7 +301,11 @@ def check_admission(policy) -> list[str]:
         problems.append(
             f"scheduling.reserved_slots: {reserved} reserved units must stay below limits.min_limit ({limits.min_limit})"
         )
-    if not limits.min_limit <= limits.initial_limit <= limits.max_limit:
+    if limits.min_limit > limits.max_limit:  # the bounds themselves; initial_limit is not the one to blame
+        problems.append(
+            f"limits.min_limit: {limits.min_limit} is above limits.max_limit ({limits.max_limit}); the gradient moves between them"
+        )
+    elif not limits.min_limit <= limits.initial_limit <= limits.max_limit:
         problems.append(
             f"limits.initial_limit: must lie within min_limit..max_limit ({limits.min_limit}..{limits.max_limit}), got {limits.initial_limit}"
         )

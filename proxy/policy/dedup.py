@@ -15,6 +15,9 @@ from msgspec import Meta
 
 from proxy.policy.base import Section, cross_check
 
+# redis[s]://[[USER]:PASSWORD@]HOST[:PORT][/DB]: what coredis' from_url takes for one server.
+REDIS_URL_RE = r"^rediss?://([^@/\s]*@)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+)(:[0-9]{1,5})?(/[0-9]{1,2})?$"
+
 if TYPE_CHECKING:
     from proxy.policy.schema import Policy
 
@@ -36,7 +39,7 @@ class Dedup(Section):
     redis_url: Annotated[
         str,
         Meta(
-            pattern=r"^rediss?://[^\s]+$",
+            pattern=REDIS_URL_RE,
             description='redis://[:PASSWORD@]HOST:PORT/DB, used when store = "redis". A single Redis server (not Cluster).',
         ),
     ] = "redis://127.0.0.1:6379/0"

@@ -1,33 +1,45 @@
 """Load and validate a policy: TOML text in, a whole `Policy` or a `PolicyError` out.
 
-Theory of operation: msgspec decodes and checks types, ranges and unknown keys
-against `schema.Policy`; its message names the key path (`$.listen.max_connections`),
-which we turn into `listen.max_connections`, look up in the text for a line number,
-and for unknown keys list the keys that are allowed. Checks that span several
-fields are registered with `proxy.policy.base.cross_check` and run together after decoding, so
-every rule about how fields relate lives in one place.
+Theory of operation: msgspec decodes the TOML and converts it to `schema.Policy` in
+one go (types, ranges, unknown keys). When that fails, `proxy.policy.explain` finds
+every problem with its full key path (`classes.realtime.max_queue_length`) and what
+is allowed, and `proxy.policy.toml_lines` the line that writes it, so each error
+reads `FILE:LINE: KEY: what is wrong (allowed: ...)`. Checks that span several
+fields are registered with `proxy.policy.base.cross_check` and run together after
+decoding, so every rule about how fields relate lives in one place; their messages
+start with the key they blame, which gets its line the same way.
+
+`notes` says what a valid policy does that its author may not expect: written
+`[classes.*]` tables replace the default classes as a whole (the decision, and why,
+is in docs/policy-reference.md), so a file that tunes `[classes.realtime]` alone has
+lost interactive and batch; `rampmeter policy check` prints it as a warning.
 """
 
 from __future__ import annotations
 
 import re
-import typing
 from pathlib import Path
 
 import msgspec
 
 from proxy.errors import PolicyError
+from proxy.policy import explain, toml_lines
 from proxy.policy.base import CROSS_CHECKS
-from proxy.policy.schema import PATTERN_HINTS, Policy
+from proxy.policy.schema import Policy
 
 
 def load_policy(path: str | Path) -> Policy:
     path = Path(path)
+    return parse_policy(read_policy_text(path), source=str(path))
+
+
+def read_policy_text(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise PolicyError(str(path), [f"cannot read: {exc.strerror or exc}"]) from None
-    return parse_policy(text, source=str(path))
+        raise PolicyError(str(path), [f"cannot read the policy file: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise PolicyError(str(path), [f"not UTF-8 text (byte {exc.start}); a policy is a TOML file"]) from None
 
 
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
@@ -43,122 +55,75 @@ def policy_from_builtins(data: dict, source: str, text: str = "") -> Policy:
     try:
         policy = msgspec.convert(data, type=Policy)
     except msgspec.ValidationError as exc:
-        raise PolicyError(source, [_explain(str(exc), text, source)]) from None
+        found = explain.problems(data, Policy)
+        lines = [_render(p.path, p.message, text, source, p.line_parts) for p in found]
+        raise PolicyError(source, lines or [str(exc)]) from None
     problems = [msg for check in CROSS_CHECKS for msg in check(policy)]
     if problems:
-        raise PolicyError(source, problems)
+        # The surprises explain many rule failures (`[classes.realtime]` alone loses default_class).
+        hints = [f"{source}:{line}: note: {note}" if line else f"note: {note}" for line, note in notes(text)]
+        raise PolicyError(source, [_render_rule(msg, text, source) for msg in problems] + hints)
     return policy
+
+
+def notes(text: str) -> list[tuple[int | None, str]]:
+    """(line, warning) for what a valid policy text does that its author may not expect."""
+    try:
+        data = msgspec.toml.decode(text.encode("utf-8"))
+    except msgspec.DecodeError:
+        return []
+    out = []
+    classes = data.get("classes")
+    if isinstance(classes, dict):
+        # A policy that names its own classes (offline, backfill) means to replace them; one that
+        # writes some default names and not others most likely meant to tune one and lost the rest.
+        defaults = list(Policy().classes)
+        gone = [name for name in defaults if name not in classes]
+        if gone and any(name in defaults for name in classes):
+            out.append(
+                (
+                    toml_lines.locate(text, "classes"),
+                    f"[classes] replaces the default classes as a whole: this policy has only {', '.join(classes)}; "
+                    f"{', '.join(gone)} {'is' if len(gone) == 1 else 'are'} gone, and requests naming "
+                    f"{'it' if len(gone) == 1 else 'them'} in x-priority are served as scheduling.default_class "
+                    "(write every class you want; policies/default.toml has the defaults)",
+                )
+            )
+    return out
+
+
+def locate(text: str, path: str) -> int | None:
+    """1-based line in TOML `text` where `path` (a.b[2].c) or its closest written parent is, or None."""
+    return toml_lines.locate(text, path) if text else None
+
+
+def _render(path: str, message: str, text: str, source: str, line_parts: tuple | None = None) -> str:
+    at = toml_lines.path_text(list(line_parts)) if line_parts else path
+    line = locate(text, at)
+    where = f"{source}:{line}: " if line else ""
+    return f"{where}{path or '(top level)'}: {message}"
+
+
+# A rule's message starts with the key it blames: `limits.min_limit: ...`, `warmup.probes[0].count = 3 ...`.
+_BLAMED = re.compile(r'^(?P<path>[A-Za-z0-9_\-]+(?:\[\d+\]|\.[A-Za-z0-9_\-]+|\."[^"]*")*)(?P<rest>[:\s].*)$', re.S)
+
+
+_NAMED = re.compile(r"\b[a-z_]+(?:\[\d+\])?(?:\.[a-z_]+(?:\[\d+\])?)+\b")
+
+
+def _render_rule(message: str, text: str, source: str) -> str:
+    """A rule's message with the line of the key it blames, or of another key it names that the file writes
+    (`min_limit > max_limit` in a file that sets only max_limit points at max_limit)."""
+    m = _BLAMED.match(message)
+    written = toml_lines.key_lines(text) if text else {}
+    named = [m["path"]] if m else []
+    named += [p for p in _NAMED.findall(message) if p not in named]
+    line = next((written[p] for p in named if p in written), None)
+    if line is None and m:
+        line = locate(text, m["path"])
+    return f"{source}:{line}: {message}" if line else message
 
 
 def _toml_message(exc: msgspec.DecodeError) -> str:
     cause = exc.__cause__ or exc.__context__
     return str(cause or exc)
-
-
-_AT = re.compile(r"^(?P<msg>.*) - at `\$(?P<path>[^`]*)`$")
-_REGEX = re.compile(r"Expected `str` matching regex '(?P<pattern>.*)'$")
-_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]+)`$")
-
-
-def _explain(raw: str, text: str, source: str) -> str:
-    m = _AT.match(raw)
-    path, msg = (m["path"].lstrip("."), m["msg"]) if m else ("", raw)
-    msg = _REGEX.sub(_pattern_hint, msg)
-    unknown = _UNKNOWN.match(msg)
-    if unknown:
-        key = unknown["key"]
-        full = f"{path}.{key}" if path else key
-        allowed = ", ".join(_allowed_keys(path))
-        msg = f"unknown key (allowed here: {allowed})"
-        path = full
-    if msg.startswith("Invalid enum value"):
-        choices = _literal_choices(path)
-        if choices:
-            msg += f" (expected one of: {', '.join(choices)})"
-    line = locate(text, path)
-    where = f"{source}:{line}: " if line else ""
-    return f"{where}{path or '(top level)'}: {msg}"
-
-
-def _pattern_hint(match: re.Match) -> str:
-    pattern = match["pattern"].replace("\\\\", "\\")  # msgspec escapes backslashes in messages
-    return "expected " + PATTERN_HINTS.get(pattern, f"a value matching {pattern}")
-
-
-def _allowed_keys(path: str) -> list[str]:
-    """Field names of the table at `path` (e.g. 'upstreams[0]')."""
-    struct = _struct_at(path)
-    return [f.name for f in msgspec.structs.fields(struct)] if struct else []
-
-
-def _struct_at(path: str) -> type | None:
-    """The Struct type of the table at `path` ('' is the top level)."""
-    typ: type | None = Policy
-    for part in filter(None, re.split(r"\.|\[\d+\]", path)):
-        hints = {f.name: f.type for f in msgspec.structs.fields(typ)}
-        typ = _struct_of(hints.get(part))
-        if typ is None:
-            return None
-    return typ
-
-
-def _literal_choices(path: str) -> list[str]:
-    """The allowed values of a Literal-typed key at `path`, for error messages."""
-    table, _, key = path.rpartition(".")
-    struct = _struct_at(table)
-    if struct is None:
-        return []
-    hints = {f.name: f.type for f in msgspec.structs.fields(struct)}
-    return [repr(v) for v in _literals(hints.get(key))]
-
-
-def _literals(t) -> list:
-    if typing.get_origin(t) is typing.Literal:
-        return list(typing.get_args(t))
-    return [v for arg in typing.get_args(t) for v in _literals(arg)]
-
-
-def _struct_of(t) -> type | None:
-    """The Struct type inside Annotated[...], list[...] or a union, if any."""
-    if isinstance(t, type) and issubclass(t, msgspec.Struct):
-        return t
-    for arg in typing.get_args(t):
-        found = _struct_of(arg)
-        if found:
-            return found
-    return None
-
-
-def locate(text: str, path: str) -> int | None:
-    """1-based line in TOML `text` where `path` (a.b[2].c) is set, or None.
-
-    Good enough for error messages: tables, arrays of tables and `key =` lines;
-    inline tables and dotted keys fall back to the table's header line.
-    """
-    parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
-    if not parts:
-        return None
-    *table, key = parts
-    table_name = ".".join(p for p in table if not p.startswith("["))
-    index = next((int(p[1:-1]) for p in table if p.startswith("[")), 0)
-    current, seen, header_line = "", {}, None
-    for lineno, line in enumerate(text.splitlines(), 1):
-        stripped = line.strip()
-        header = re.match(r"^\[\[?\s*([^\]]+?)\s*\]\]?", stripped)
-        if header:
-            current = header[1]
-            seen[current] = seen.get(current, -1) + 1
-            if current == table_name and seen[current] == index:
-                header_line = lineno
-            continue
-        if current == table_name and seen.get(current, 0) == index and re.match(rf"^{re.escape(key)}\s*=", stripped):
-            return lineno
-    # The key may itself be a table ([listen.foo]), or not be written at all.
-    return _header_line(text, f"{table_name}.{key}" if table_name else key) or header_line
-
-
-def _header_line(text: str, name: str) -> int | None:
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if re.match(rf"^\[\[?\s*{re.escape(name)}\s*\]\]?", line.strip()):
-            return lineno
-    return None

@@ -24,12 +24,16 @@ from proxy.policy import shedding as _shedding
 from proxy.policy import warmup as _warmup
 from proxy.policy.base import Section
 
-HOST_PORT_RE = r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+|\*):[0-9]{1,5}$"
-HTTP_URL_RE = r"^http://[^/?#]+(/.*)?$"
+# Ports as the OS takes them: 0-65535 (0: any free port, for listeners), without leading zeros.
+_PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}|0)"
+_HOST = r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+)"
+HOST_PORT_RE = rf"^({_HOST[1:-1]}|\*):{_PORT}$"
+HTTP_URL_RE = rf"^http://{_HOST}(:{_PORT.removesuffix('|0)') + ')'})?(/.*)?$"  # port 0 cannot be dialled
 # What a value must look like, in words, for errors about the patterns above.
 PATTERN_HINTS = {
-    HOST_PORT_RE: "HOST:PORT, e.g. 0.0.0.0:8080 or [::1]:9090",
-    HTTP_URL_RE: "http://HOST:PORT[/prefix] (cleartext; the sidecar sits in the pod)",
+    HOST_PORT_RE: "HOST:PORT, e.g. 0.0.0.0:8080 or [::1]:9090 (port 0-65535)",
+    HTTP_URL_RE: "http://HOST:PORT[/prefix] (cleartext; the sidecar sits in the pod; port 1-65535)",
+    _dedup.REDIS_URL_RE: "redis://[:PASSWORD@]HOST[:PORT][/DB] or rediss://... (one Redis server)",
 }
 
 HostPort = Annotated[str, Meta(pattern=HOST_PORT_RE, description="HOST:PORT; [::1]:PORT for IPv6")]
