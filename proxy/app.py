@@ -120,7 +120,7 @@ class App:
         # The policy file as written (before command-line overrides): reloads compare file with file.
         self.file_policy = file_policy if file_policy is not None else policy
         self.rng = rng or random.Random()
-        self.metrics = metrics = Metrics(registry)
+        self.metrics = metrics = Metrics(registry, upstreams=[u.url for u in policy.upstreams])
         metrics.policy_version.set(version.version)
         self.pool = UpstreamPool(policy.upstreams, metrics=metrics)
         self.scheduler = Scheduler(policy, rng=self.rng, metrics=metrics)

@@ -244,10 +244,11 @@ class ServiceModel:
 
     def statistics(self) -> dict:
         a, b, c = self.coefficients
+        # What predict_ms computes with, not the raw fit: a negative slope counts as 0 there.
         return {
             "base_ms": a,
-            "ms_per_prompt_token": b,
-            "ms_per_output_token": c,
+            "ms_per_prompt_token": max(0.0, b),
+            "ms_per_output_token": max(0.0, c),
             "output_fill_ratio": self.fill.route,
             "output_fill_ratio_by_requested": self.fill.statistics(),
             "samples": self.samples,

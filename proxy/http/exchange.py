@@ -52,21 +52,21 @@ class ServerContext:
         self.client_disconnects = 0
         self.connections_rejected = 0
         self.protocol_errors = 0
-        self._done: dict[tuple[str, int], Callable[[float], None]] = {}
+        self._done: dict[tuple[str, int, str], Callable[[float], None]] = {}
         self._errors: dict[str, Callable[[], None]] = {}
 
-    def request_done(self, protocol: str, code: int, duration_s: float) -> None:
+    def request_done(self, protocol: str, code: int, duration_s: float, klass: str = "") -> None:
         self.requests_total += 1
-        record = self._done.get((protocol, code))
+        record = self._done.get((protocol, code, klass))
         if record is None:
-            record = self._done[(protocol, code)] = self._bind_done(protocol, code)
+            record = self._done[(protocol, code, klass)] = self._bind_done(protocol, code, klass)
         record(duration_s)
 
-    def _bind_done(self, protocol: str, code: int) -> Callable[[float], None]:
+    def _bind_done(self, protocol: str, code: int, klass: str) -> Callable[[float], None]:
         if self.metrics is None:
             return lambda _duration_s: None
-        count = self.metrics.requests.labels(protocol=protocol, code=str(code)).inc
-        observe = self.metrics.request_duration_seconds.labels(protocol=protocol).observe
+        count = self.metrics.requests.labels(protocol=protocol, code=str(code), **{"class": klass}).inc
+        observe = self.metrics.request_duration_seconds.labels(protocol=protocol, **{"class": klass}).observe
 
         def record(duration_s: float) -> None:
             count()
@@ -229,7 +229,7 @@ async def run_exchange(
     finally:
         ctx.requests_in_flight -= 1
         code = CLIENT_CLOSED if request.client_gone else sink.status
-        ctx.request_done(protocol, code, trio.current_time() - request.received_at)
+        ctx.request_done(protocol, code, trio.current_time() - request.received_at, request.klass)
 
 
 async def _call_handler(

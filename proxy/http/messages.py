@@ -79,6 +79,7 @@ class Request:
         "client",
         "client_gone",
         "headers",
+        "klass",
         "http_version",
         "method",
         "received_at",
@@ -108,6 +109,7 @@ class Request:
         self.http_version = http_version  # "1.1", "1.0" or "2"
         self.client = client  # peer IP address, for x-forwarded-for
         self.client_gone = False
+        self.klass = ""  # the request class, once the handler has classified it (metrics label)
         self.received_at = received_at  # trio.current_time() when the head was parsed
 
     @property

@@ -103,7 +103,7 @@ class _Upstream:
         self.authority = cfg.url.removeprefix("http://").partition("/")[0].encode()
         self.connect_timeout_s = cfg.connect_timeout_ms / 1000
         self.outstanding = self.waiting = 0
-        name = str(index)
+        name = metrics.upstream(index) if metrics is not None else str(index)
         if metrics is None:
             self.outcomes: dict[str, Any] = dict.fromkeys(OUTCOMES, _Null())
             self.duration: Any = _Null()

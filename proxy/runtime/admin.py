@@ -7,7 +7,9 @@ snapshots the owning objects give (`statistics()`), never from internals.
 
 - GET /healthz       200 while the process serves (liveness: never depends on the model)
 - GET /readyz        200 when the sidecar should get traffic, else 503 with the reason
-- GET /metrics       Prometheus text format, this instance's registry only
+- GET /metrics       this instance's registry only: Prometheus text, or OpenMetrics when the scraper
+                     asks for it (`Accept: application/openmetrics-text`, what Prometheus sends
+                     with exemplar storage on), the format that carries exemplars
 - GET /admin/stats   JSON snapshot of every stateful part
 - GET /admin/policy  the effective policy, where it came from and its version
 """
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from proxy.http.messages import Request, ResponseSink
 
@@ -54,6 +56,8 @@ class AdminHandler:
             await _text(sink, 404, "not found; try /healthz /readyz /metrics /admin/stats /admin/policy\n")
         elif request.method not in (b"GET", b"HEAD"):
             await sink.respond(405, [(b"allow", b"GET, HEAD"), (b"content-type", b"text/plain")], b"GET only\n")
+        elif route == self._metrics:
+            await self._metrics(sink, (request.header(b"accept") or b"").decode("latin-1"))
         else:
             await route(sink)
 
@@ -64,9 +68,9 @@ class AdminHandler:
         ready, why = self._readiness()
         await _text(sink, 200 if ready else 503, f"{why}\n")
 
-    async def _metrics(self, sink: ResponseSink) -> None:
-        body = generate_latest(self._registry)
-        await sink.respond(200, [(b"content-type", CONTENT_TYPE_LATEST.encode())], body)
+    async def _metrics(self, sink: ResponseSink, accept: str = "") -> None:
+        encode, content_type = choose_encoder(accept[:1024])  # bounded: the header is the client's
+        await sink.respond(200, [(b"content-type", content_type.encode())], encode(self._registry))
 
     async def _admin_stats(self, sink: ResponseSink) -> None:
         await _send_json(sink, self._stats())

@@ -6,16 +6,32 @@ attributes named after the metric without the `rampmeter_` prefix and the
 `_total` suffix (`metrics.requests`). Each app instance has its own registry, so
 tests can run many sidecars in one process; `Metrics()` with no registry is the
 null default for code under test. Labels are low-cardinality by construction:
-protocol, class, reason, status code class, upstream index; never paths, tenants
-or keys. Hot-path children are bound once with `child()`, not per request.
+protocol, class, reason, status code, upstream; never paths, tenants or keys.
+Hot-path children are bound once with `child()`, not per request.
+
+`upstream` labels carry the upstream's address (`127.0.0.1:8000`, from its URL),
+what an operator knows it by: the parts know an upstream by its index in the
+policy's list and ask `Metrics.upstream(index)` for the label. Without a list
+(`Metrics()` in tests) the label is the index.
+
+Latency for dashboards and alerts comes from the histograms
+(`rampmeter_request_duration_seconds`, `_upstream_duration_seconds`,
+`_queue_wait_seconds`): their buckets add up across pods, so
+`histogram_quantile(0.99, sum by (le) (rate(..._bucket[5m])))` is the fleet's p99.
+`rampmeter_pod_latency_quantile_seconds` is a different thing: the quantiles one
+pod's admission decisions use (windowed, per route and cost bucket), computed in
+the pod; averaging or summing it across pods gives no quantile of anything.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+from proxy import build
 
 # *_created series double the scrape for no use on a sidecar.
 disable_created_metrics()
@@ -63,12 +79,17 @@ class Spec:
 
 SPECS: list[Spec] = [
     # --- the wire (server, upstream pool) ---
-    Spec("requests_total", Counter, "Requests answered, by downstream protocol and status code.", ("protocol", "code")),
+    Spec(
+        "requests_total",
+        Counter,
+        "Requests answered, by downstream protocol, class (empty before classification: 400s) and status code.",
+        ("protocol", "class", "code"),
+    ),
     Spec(
         "request_duration_seconds",
         Histogram,
-        "Time from request head to last response byte.",
-        ("protocol",),
+        "Time from request head to last response byte, by protocol and class; the source for request latency across pods.",
+        ("protocol", "class"),
         LATENCY_BUCKETS,
     ),
     Spec("requests_in_flight", Gauge, "Requests being handled (queued or upstream)."),
@@ -78,13 +99,13 @@ SPECS: list[Spec] = [
     Spec(
         "upstream_requests_total",
         Counter,
-        "Requests sent upstream, by upstream index and outcome.",
+        "Requests sent upstream, by upstream (address) and outcome.",
         ("upstream", "outcome"),
     ),
     Spec(
         "upstream_duration_seconds",
         Histogram,
-        "Upstream exchange time, first request byte to last response byte.",
+        "Upstream exchange time, first request byte to last response byte; the source for upstream latency across pods.",
         ("upstream",),
         LATENCY_BUCKETS,
     ),
@@ -98,17 +119,23 @@ SPECS: list[Spec] = [
     ),
     Spec("client_disconnects_total", Counter, "Requests whose client went away before the response ended."),
     Spec(
-        "latency_quantile_seconds",
+        "pod_latency_quantile_seconds",
         SCRAPE_TIME,
-        "Windowed latency quantiles (latency.window_s) by kind (service, queue, end_to_end), route and cost bucket; proxy/runtime/observe.py.",
-        ("kind", "route", "bucket", "quantile"),
+        "This pod's windowed latency quantiles (latency.window_s) that its admission decisions use, by kind (service, queue, end_to_end), route and cost bucket; not aggregatable across pods: use the *_duration_seconds / queue_wait_seconds histograms; proxy/runtime/observe.py.",
+        ("kind", "route", "cost_bucket", "quantile"),
     ),
     Spec(
-        "rejections_total", Counter, "Answers the sidecar made itself, by reason (see x-rampmeter-reason).", ("reason",)
+        "rejections_total",
+        Counter,
+        "Answers the sidecar made itself instead of the model's, by class (empty before classification) and reason (x-rampmeter-reason): admission, shedding, readiness, deadlines, upstream errors.",
+        ("class", "reason"),
     ),
     # --- policy ---
     Spec("policy_reloads_total", Counter, "Policy reload attempts, by result (ok, error).", ("result",)),
     Spec("policy_version", Gauge, "Version of the policy in force (1 at start, +1 per successful reload)."),
+    Spec(
+        "build_info", Gauge, "Always 1; the labels say which rampmeter and Python this pod runs.", ("version", "python")
+    ),
     # --- cold start, readiness, GPU (runtime/warmup.py, runtime/gpu.py, runtime/upstream_metrics.py) ---
     Spec("upstreams_ready", Gauge, "Upstreams that may take traffic (ramping or warm); 0 means /readyz answers 503."),
     Spec(
@@ -188,12 +215,6 @@ SPECS: list[Spec] = [
         LATENCY_BUCKETS,
     ),
     Spec("admitted_total", Counter, "Requests admitted to an upstream, by class.", ("class",)),
-    Spec(
-        "admission_rejected_total",
-        Counter,
-        "Requests admission turned away, by class and reason (queue_full, deadline_expired, shedding reasons).",
-        ("class", "reason"),
-    ),
     Spec(
         "queue_abandoned_total",
         Counter,
@@ -276,11 +297,18 @@ SPECS: list[Spec] = [
 ]
 
 
+def upstream_labels(urls: Sequence[str]) -> list[str]:
+    """`upstream` label values for the policy's upstream URLs: the address, unique (`#index` on repeats)."""
+    names = [url.removeprefix("http://").rstrip("/") for url in urls]
+    return [name if names.count(name) == 1 else f"{name}#{i}" for i, name in enumerate(names)]
+
+
 class Metrics:
     """All metrics of one sidecar instance, built from `SPECS` on one registry."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, upstreams: Sequence[str] = ()) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self._upstream_labels = upstream_labels(upstreams)
         for spec in SPECS:
             kwargs: dict[str, Any] = {"registry": self.registry}
             if spec.buckets is not None:
@@ -289,6 +317,12 @@ class Metrics:
                 continue  # its owner registers a collector that computes it at scrape time
             metric = spec.kind(PREFIX + spec.name, spec.help, spec.labels, **kwargs)
             setattr(self, spec.attr, metric)
+        self.build_info.labels(build.version(), build.python_version()).set(1)
+
+    def upstream(self, index: int) -> str:
+        """The `upstream` label of the policy's upstream number `index`."""
+        labels = self._upstream_labels
+        return labels[index] if index < len(labels) else str(index)
 
     def __getattr__(self, name: str) -> Any:  # only reached for undeclared names
         raise AttributeError(f"metric {name!r} is not declared in proxy.runtime.metrics.SPECS")

@@ -9,7 +9,7 @@ timeout the sidecar recommends (end-to-end p99 x latency.timeout_hint_factor,
 falling back to the expected service time until there are samples).
 
 The quantiles are exported at scrape time by a custom collector
-(`rampmeter_latency_quantile_seconds{kind, route, bucket, quantile}`), so
+(`rampmeter_pod_latency_quantile_seconds{kind, route, cost_bucket, quantile}`), so
 recording costs a histogram increment and nothing else. Cardinality is bounded
 by latency.max_keys per family.
 """
@@ -26,7 +26,7 @@ from proxy.policy import shedding as shedding_policy
 from proxy.runtime.metrics import PREFIX, SPECS
 
 QUANTILES = (0.5, 0.9, 0.99)
-_SPEC = next(spec for spec in SPECS if spec.name == "latency_quantile_seconds")
+_SPEC = next(spec for spec in SPECS if spec.name == "pod_latency_quantile_seconds")
 KINDS = ("service", "queue", "end_to_end")
 
 

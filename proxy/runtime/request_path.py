@@ -59,7 +59,8 @@ class RequestPath:
     def __init__(self, app) -> None:
         self.app = app
         metrics = app.metrics
-        self._rejections = {r: metrics.rejections.labels(r.value) for r in wire.Reason}
+        self._rejections_metric = metrics.rejections
+        self._rejections: dict[tuple[str, wire.Reason], object] = {}
         self._goodput: dict[str, object] = {}
         self._goodput_metric = metrics.goodput
 
@@ -68,6 +69,7 @@ class RequestPath:
         body = await request.body.read_all()
         try:
             ticket = classify(request, body, trio.current_time(), app.scheduler, app.policy)
+            request.klass = ticket.klass  # the class label of rampmeter_requests_total
             identity = app.dedup.identify(request.method, request.target, request.headers, body)
         except wire.HeaderError as exc:
             await self.reject(sink, Reject(wire.Reason.BAD_REQUEST, None, str(exc)))
@@ -126,11 +128,12 @@ class RequestPath:
         # Refusals are written outside the deadline's scope: a deadline that passes while the
         # answer is being written must not cut it (a 1 ms budget would get a dropped connection).
         if refusal is not None:
-            await self.reject(sink, refusal)
+            await self.reject(sink, refusal, ticket.klass)
         elif deadline.cancelled_caught:
             if sink.headers_sent:
                 raise ResponseAborted("deadline passed while the response was streaming")
-            await self.reject(sink, Reject(wire.Reason.DEADLINE_EXPIRED, None, "the request's deadline passed"))
+            expired = Reject(wire.Reason.DEADLINE_EXPIRED, None, "the request's deadline passed")
+            await self.reject(sink, expired, ticket.klass)
 
     async def _forward(self, request: Request, body: bytes, ticket: Ticket, slot, sink: ResponseSink) -> Reject | None:
         """Forward and relay; or, when the time left is below the p99 service time, the refusal to answer."""
@@ -159,7 +162,7 @@ class RequestPath:
         done_at = trio.current_time()
         app.observatory.record(ticket, queue_ms, result.service_ms, done_at)
         if result.reason is not None:
-            self._rejections[result.reason].inc()
+            self._count_rejection(ticket.klass, result.reason)
         elif 200 <= result.status < 300 and done_at <= ticket.deadline:
             self._count_goodput(ticket.klass)
         return None
@@ -170,6 +173,13 @@ class RequestPath:
             child = self._goodput[klass] = self._goodput_metric.labels(klass)
         child.inc()
 
-    async def reject(self, sink: ResponseSink, reject: Reject) -> None:
-        self._rejections[reject.reason].inc()
+    def _count_rejection(self, klass: str, reason: wire.Reason) -> None:
+        child = self._rejections.get((klass, reason))
+        if child is None:
+            child = self._rejections[(klass, reason)] = self._rejections_metric.labels(klass, reason.value)
+        child.inc()
+
+    async def reject(self, sink: ResponseSink, reject: Reject, klass: str = "") -> None:
+        """Answer for the sidecar; `klass` is "" before classification (a malformed header)."""
+        self._count_rejection(klass, reject.reason)
         await sink.respond(*reject.response())

@@ -186,9 +186,7 @@ class Scheduler:
             return Slot(self, decision.lease, None)
         if isinstance(decision, Enqueue):
             return await self._wait(decision)
-        if self._m:
-            self._m.rejected(ticket.klass, decision.reason)
-        return Slot(self, None, decision)
+        return Slot(self, None, decision)  # counted where it is answered: rampmeter_rejections_total
 
     async def _wait(self, enqueued: Enqueue) -> Slot:
         ticket, ctl = enqueued.ticket, self.controller
@@ -233,11 +231,8 @@ class Scheduler:
                 continue
             waiter.result = d
             waiter.event.set()
-            if self._m:
-                if isinstance(d, Admit):
-                    self._m.admitted(d)
-                else:
-                    self._m.rejected(d.ticket.klass, d.reason)
+            if self._m and isinstance(d, Admit):
+                self._m.admitted(d)
 
     def _release(self, lease: Lease, outcome: Outcome, rtt_ms: float | None, observed: Observed | None) -> None:
         woken = self.controller.release(lease, trio.current_time(), outcome, rtt_ms, observed)
@@ -279,9 +274,6 @@ class _Instruments:
         self._child("admitted", klass).inc()
         self._child("queue_wait_seconds", klass).observe(lease.queue_ms / 1000.0)
 
-    def rejected(self, klass: str, reason: Reason) -> None:
-        self._child("admission_rejected", klass, reason.value).inc()
-
     def abandoned(self, klass: str) -> None:
         self._child("queue_abandoned", klass).inc()
 
@@ -290,7 +282,7 @@ class _Instruments:
         limit = cap.limit(i)
         if limit != self._limits[i]:
             self._limits[i] = limit
-            self._child("limit_changes", str(i), cap.limits[i].last_reason).inc()
+            self._child("limit_changes", self._metrics.upstream(i), cap.limits[i].last_reason).inc()
 
     def released(self, lease: Lease, outcome: Outcome, rtt_ms: float | None, observed: Observed | None) -> None:
         self.limit_changes(lease.upstream)
@@ -306,6 +298,7 @@ class _Instruments:
         for klass in ctl.policy.classes:
             self._child("queue_depth", klass).set_function(lambda k=klass: ctl.depth(k))
         for i in range(ctl.upstream_count):
-            self._child("admission_inflight", str(i)).set_function(lambda i=i: ctl.capacity.used[i])
-            self._child("admission_limit", str(i)).set_function(lambda i=i: ctl.capacity.limit(i))
+            label = self._metrics.upstream(i)
+            self._child("admission_inflight", label).set_function(lambda i=i: ctl.capacity.used[i])
+            self._child("admission_limit", label).set_function(lambda i=i: ctl.capacity.limit(i))
             self.limit_changes(i)

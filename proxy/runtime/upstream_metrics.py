@@ -119,7 +119,7 @@ class UpstreamMetricsReader:
         self.reads += 1
         self.latest[index] = saturation
         self._said[index] = ""
-        label = str(index)
+        label = self.metrics.upstream(index)
         for gauge, value in (
             (self.metrics.upstream_waiting_requests, saturation.waiting),
             (self.metrics.upstream_kv_cache_usage_ratio, saturation.kv_cache_usage),
@@ -132,8 +132,8 @@ class UpstreamMetricsReader:
     def _fail(self, index: int, problem: str) -> None:
         self.failures += 1
         self.latest[index] = None
-        _remove(self.metrics.upstream_waiting_requests, str(index))
-        _remove(self.metrics.upstream_kv_cache_usage_ratio, str(index))
+        _remove(self.metrics.upstream_waiting_requests, self.metrics.upstream(index))
+        _remove(self.metrics.upstream_kv_cache_usage_ratio, self.metrics.upstream(index))
         if self._said[index] != problem:
             self._said[index] = problem
             log.warning("upstream %d: cannot read %s: %s", index, self.policy.gpu.upstream_metrics_path, problem)

@@ -76,7 +76,7 @@ class UpstreamWarmer:
         )
         self.last_warmup_s: float | None = None
         self.last_problem = ""
-        self._label = str(index)
+        self._label = metrics.upstream(index)  # the address, as dashboards show it
         self._on_change = on_change
         self._changed = trio.Event()
         self._attempt_scope: trio.CancelScope | None = None

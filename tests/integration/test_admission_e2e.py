@@ -193,9 +193,7 @@ async def test_full_class_queue_answers_503_queue_full_per_the_wire_contract(sta
                 nursery.start_soon(partial(client.post, url, json=chat(2, f"q{i}")))
             await until(lambda: _stat(client, proxy, lambda a: a["queued"] == 2))
             resp = await client.post(url, json=chat(2, "one too many"))
-            rejected = await metric(
-                client, proxy, 'rampmeter_admission_rejected_total{class="chat",reason="queue_full"}'
-            )
+            rejected = await metric(client, proxy, 'rampmeter_rejections_total{class="chat",reason="queue_full"}')
             nursery.cancel_scope.cancel()  # the others need not finish
     assert resp.status_code == 503
     assert resp.headers[wire.REASON] == "queue_full"

@@ -172,7 +172,7 @@ def test_admin_endpoints(proxy):
     assert httpx.get(admin + "/healthz").status_code == 200
     assert httpx.get(admin + "/readyz").status_code == 200
     metrics = httpx.get(admin + "/metrics").text
-    assert 'rampmeter_requests_total{code="200",protocol="http1"}' in metrics
+    assert 'rampmeter_requests_total{class="interactive",code="200",protocol="http1"}' in metrics
     assert "rampmeter_queue_depth" in metrics
     stats_json = httpx.get(admin + "/admin/stats").json()
     assert {"server", "admission", "latency", "dedup", "readiness"} <= set(stats_json)

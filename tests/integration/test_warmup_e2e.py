@@ -132,7 +132,7 @@ def test_warmup_spends_the_cold_penalty_before_ready_and_rejects_until_then(tmp_
         assert [s["met"] for s in info["probes"]] == [True, True]
         # The slow-start limit is open as soon as /readyz says 200 (not a signal tick later):
         # the first user request is admitted without queueing.
-        assert metric(car, "rampmeter_admission_limit", upstream="0") >= 1
+        assert metric(car, "rampmeter_admission_limit") >= 1
         first = chat(car)
         assert first.status_code == 200 and first.headers["x-rampmeter-queue-ms"] == "0"
         assert pod_stats(pod)["requests_completed"] == stats["requests_completed"] + 1
@@ -146,9 +146,9 @@ def test_slow_start_ramps_the_admission_limit_after_warm(tmp_path) -> None:
         limits: list[float] = []
 
         def sample() -> bool:
-            factors.append(metric(car, "rampmeter_slow_start_factor", upstream="0"))
-            limits.append(metric(car, "rampmeter_admission_limit", upstream="0"))
-            return factors[-1] == 1.0 and metric(car, "rampmeter_upstream_state", upstream="0", state="warm") == 1
+            factors.append(metric(car, "rampmeter_slow_start_factor"))
+            limits.append(metric(car, "rampmeter_admission_limit"))
+            return factors[-1] == 1.0 and metric(car, "rampmeter_upstream_state", state="warm") == 1
 
         wait_for(sample, timeout_s=30, interval_s=0.1)
         stats = httpx.get(car.url("admin") + "/admin/stats", timeout=5).json()
@@ -201,7 +201,7 @@ def test_pod_restart_mid_run_goes_back_through_warmup(tmp_path) -> None:
                 wait_ready(car)
                 ok_before = traffic.count(200)
                 wait_for(lambda: traffic.count(200) >= ok_before + 5, timeout_s=30)
-            assert metric(car, "rampmeter_upstream_losses_total", upstream="0", cause="restarted") == 1
+            assert metric(car, "rampmeter_upstream_losses_total", cause="restarted") == 1
             info = lifecycle(car)
             assert f"instance_id={second_id}" in info["lifecycle"]["identity"]
             assert info["lifecycle"]["warmups"] == 2 and info["lifecycle"]["losses"] == 1
@@ -230,7 +230,7 @@ def test_pod_down_then_back_with_example_thresholds(tmp_path) -> None:
             pod = start_pod(port)
             wait_ready(car)
             assert chat(car).status_code == 200
-            assert metric(car, "rampmeter_upstream_losses_total", upstream="0", cause="health_lost") == 1
+            assert metric(car, "rampmeter_upstream_losses_total", cause="health_lost") == 1
             info = lifecycle(car)["lifecycle"]
             assert info["warmups"] == 2 and info["losses"] == 1
             assert pod_stats(pod)["cold_multiplier"] == 1.0
@@ -275,7 +275,7 @@ def test_configmap_symlink_swap_changes_the_warmup(tmp_path) -> None:
             wait_ready(car)
             probes = lifecycle(car)["probes"]
             assert len(probes) == 3 and all(p["met"] for p in probes)
-            assert metric(car, "rampmeter_warmup_probe_duration_seconds_count", upstream="0", shape="2") >= 3
+            assert metric(car, "rampmeter_warmup_probe_duration_seconds_count", shape="2") >= 3
             assert pod_stats(pod)["cold_multiplier"] == 1.0
     finally:
         pod.stop()
