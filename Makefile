@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test demo lint bench bench-quick bench-deps policy-docs clean
+.PHONY: setup test demo lint bench bench-quick bench-deps policy-docs dashboard tools clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,19 @@ demo: setup
 lint: setup
 	$(PY) -m ruff check proxy client_sdk tests bench
 	$(PY) -m ruff format --check proxy client_sdk tests bench
+
+# Validators the monitoring and policy tests run, in a venv of their own (.ci/run adds its bin/ to PATH):
+# kubernetes-validate (manifests), check-jsonschema and taplo (policies against the shipped schema).
+TOOLS := .venv-tools
+tools: $(TOOLS)/.installed
+
+$(TOOLS)/.installed: Makefile
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install -q kubernetes-validate==1.37.0 check-jsonschema==0.39.0 taplo==0.9.3
+	touch $@
+
+dashboard:
+	$(PYTHON) examples/kubernetes/dashboard.py > examples/kubernetes/grafana-dashboard.json
 
 # The policy reference, the commented defaults and the JSON Schema editors read, all from the schema.
 policy-docs: setup
@@ -46,4 +59,4 @@ bench: setup bench-deps
 	  $(PY) -m bench.$$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info bench/results demo-out
+	rm -rf $(VENV) $(TOOLS) build dist *.egg-info bench/results demo-out

@@ -203,7 +203,7 @@ def test_policy_comes_from_the_configmap_as_a_directory(sidecar, pod):
         if probe.body_file:
             body = PurePosixPath(probe.body_file)
             assert body.parent == policy_path.parent and body.name in files and (K8S / body.name).is_file()
-    assert set(kustomization["resources"]) == {"deployment.yaml", "service.yaml"}
+    assert set(kustomization["resources"]) == {"deployment.yaml", "service.yaml", "networkpolicy.yaml"}
     assert all((K8S / f).is_file() for f in files)
 
 
@@ -252,23 +252,31 @@ def metric_names(text: str) -> set[str]:
     return set(re.findall(r"\brampmeter_[a-z0-9_]+", text))
 
 
-def alert_exprs() -> dict[str, str]:
+def rule_exprs() -> dict[str, str]:
+    """Alert and recording rule expressions by name."""
     (rules,) = load_yaml("prometheus-rules.yaml")
-    return {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
+    return {r.get("alert") or r["record"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
+
+
+def alert_exprs() -> dict[str, str]:
+    return {name: expr for name, expr in rule_exprs().items() if ":" not in name}
 
 
 def dashboard_exprs() -> list[str]:
     dash = json.loads((K8S / "grafana-dashboard.json").read_text())
-    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
     return exprs + [v["definition"] for v in dash["templating"]["list"] if "definition" in v]
 
 
-def test_alerts_cover_queue_wait_rejections_and_readiness():
-    exprs = alert_exprs()
-    assert "rampmeter_queue_wait_seconds_bucket" in exprs["RampmeterQueueWaitP99OverSLA"]
-    assert "histogram_quantile(0.99" in exprs["RampmeterQueueWaitP99OverSLA"]
+def test_alerts_cover_queue_wait_rejections_readiness_and_reloads():
+    exprs = rule_exprs()
+    assert "histogram_quantile(0.99" in exprs["rampmeter:queue_wait_seconds:p99_5m"]
+    assert "rampmeter_queue_wait_seconds_bucket" in exprs["rampmeter:queue_wait_seconds:p99_5m"]
+    for klass in ("Realtime", "Interactive", "Batch"):
+        assert "rampmeter:queue_wait_seconds:p99_5m" in exprs[f"RampmeterQueueWait{klass}"]
     assert "rampmeter_rejections_total" in exprs["RampmeterRejectionRatioHigh"]
     assert "rampmeter_upstreams_ready" in exprs["RampmeterNotReady"]
+    assert 'rampmeter_policy_reloads_total{result="error"}' in exprs["RampmeterPolicyReloadFailed"]
 
 
 def test_dashboard_covers_the_asked_panels():
@@ -285,7 +293,7 @@ def test_dashboard_covers_the_asked_panels():
 
 
 def test_alert_and_dashboard_metric_names_are_declared_in_specs():
-    names = set().union(*(metric_names(e) for e in [*alert_exprs().values(), *dashboard_exprs()]))
+    names = set().union(*(metric_names(e) for e in [*rule_exprs().values(), *dashboard_exprs()]))
     assert len(names) >= 15
     missing = sorted(n for n in names if not declared(n))
     assert not missing, f"not in proxy/runtime/metrics.py SPECS: {missing}"
