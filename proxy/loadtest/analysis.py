@@ -158,6 +158,8 @@ def analyze(
             overall.offered_rps,
             overall.goodput_rps,
             overall.latency.p99_ms if overall.latency else None,
+            tuple(problems),
+            lateness.p99_ms if lateness is not None else None,
         )
         steps.append(
             StepAnalysis(

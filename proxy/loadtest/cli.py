@@ -123,7 +123,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--no-json-check", action="store_true", help="accept 2xx bodies that are not JSON")
     c.add_argument("--no-preflight", action="store_true", help="skip the one-request-per-endpoint check")
     o = p.add_argument_group("output")
-    o.add_argument("--out", default="loadtest-out", help="directory for loadtest.json, report.md and the plots")
+    o.add_argument(
+        "--out",
+        help="directory for loadtest.json, report.md and the plots (default: loadtest-out); "
+        "with 'compare': write the overlay plot compare.png there (none without --out)",
+    )
     o.add_argument("--json", metavar="FILE", help="write the JSON document here instead of OUT/loadtest.json")
     o.add_argument("--markdown", metavar="FILE", help="write the Markdown report here instead of OUT/report.md")
     o.add_argument("--no-plots", action="store_true", help="do not draw PNG plots")
@@ -231,7 +235,7 @@ def _run_test(args: argparse.Namespace) -> int:
     command = "rampmeter loadtest " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["loadtest"] else sys.argv[1:])
     doc = report.document(result, analysis, command=command, records=args.records)
     written = write_outputs(
-        doc, args.out, json_path=args.json, markdown_path=args.markdown, with_plots=not args.no_plots
+        doc, args.out or "loadtest-out", json_path=args.json, markdown_path=args.markdown, with_plots=not args.no_plots
     )
     _print_summary(doc, written)
     if result.interrupted:
@@ -263,11 +267,12 @@ def _compare(args: argparse.Namespace) -> int:
     if len(args.files) < 2:
         return _fail("compare needs at least two result files: rampmeter loadtest compare A.json B.json")
     try:
-        text, plot = compare_mod.compare(args.files, args.out)
+        text, plot = compare_mod.compare(args.files, None if args.no_plots else args.out)
     except (ValueError, OSError) as exc:
         return _fail(str(exc))
     print(text)
-    print(f"wrote {plot}")
+    if plot is not None:
+        print(f"wrote {plot}")
     return 0
 
 

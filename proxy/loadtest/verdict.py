@@ -20,6 +20,7 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -105,6 +106,8 @@ class StepVerdict:
     offered_rps: float
     goodput_rps: float
     p99_ms: float | None
+    problems: tuple[str, ...] = ()  # why the step is invalid, as the report lists it
+    lateness_p99_ms: float | None = None  # the generator's own p99 lateness sending it
 
 
 @dataclass(frozen=True)
@@ -179,8 +182,17 @@ def _untrusted(v: StepVerdict) -> bool:
 
 
 def _why(v: StepVerdict) -> str:
+    if v.late and v.lateness_p99_ms is not None:
+        # On a shared or busy machine the generator, not the target, misses its schedule: say so, and the knob.
+        suggest = math.ceil(v.lateness_p99_ms * 1.5 / 5) * 5
+        return (
+            f"was invalid: the load generator fell behind its own schedule (p99 sender lateness "
+            f"{v.lateness_p99_ms:.1f} ms, above --max-lateness-ms); on a busy machine rerun with "
+            f"--max-lateness-ms {suggest:g}, or with less load per generator process"
+        )
     if _untrusted(v):
-        return "was invalid (the generator fell behind its schedule or could not send it all)"
+        detail = "; ".join(v.problems) or "the generator fell behind its schedule or could not send it all"
+        return f"was invalid ({detail})"
     return f"missed the SLA ({'; '.join(v.misses)})"
 
 

@@ -95,3 +95,15 @@ def test_cost_per_million_good_requests():
     assert c["usd_per_million_good"] == pytest.approx(c["gpu_hours_per_million_good"] * 2.5)
     assert cost(100.0, 1, None)["usd_per_million_good"] is None
     assert cost(0.0, 1, 2.0) is None and cost(None, 1, 2.0) is None
+
+
+def test_no_rated_capacity_on_a_busy_machine_names_the_lateness_and_the_flag():
+    """Every step invalid because the generator itself was late (a shared runner): the message says how
+    late it was and which flag allows more, instead of only "No rated capacity"."""
+    late = [
+        StepVerdict(i, load, False, True, True, (), load, load, 50.0, ("generator behind schedule",), 12.5)
+        for i, load in enumerate([10, 20, 30])
+    ]
+    knee = find_knee(late, "rps", SLA_500)
+    assert knee.step is None and knee.summary.startswith("No rated capacity: the lowest step (10 req/s)")
+    assert "p99 sender lateness 12.5 ms" in knee.summary and "--max-lateness-ms 20" in knee.summary

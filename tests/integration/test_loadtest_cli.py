@@ -127,8 +127,20 @@ def test_compare_prints_a_table_and_writes_an_overlay(pod, tmp_path):
     )
     assert out.returncode == 0, out.stderr
     header = out.stdout.splitlines()[0]
-    assert "load (req/s)" in header and "| a " in header and header.rstrip().endswith("b")
+    assert "load (req/s)" in header and "| a p99 ms / goodput req/s " in header
+    assert header.rstrip().endswith("b p99 ms / goodput req/s")
     assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"
+    # Without --out nothing is written (not even into the default loadtest-out/).
+    quiet = subprocess.run(
+        [sys.executable, "-m", "proxy", "loadtest", "compare", "a/loadtest.json", "b/loadtest.json"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert quiet.returncode == 0, quiet.stderr
+    assert "wrote" not in quiet.stdout and not (tmp_path / "loadtest-out").exists()
 
 
 class _Html(http.server.BaseHTTPRequestHandler):

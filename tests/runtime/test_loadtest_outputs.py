@@ -137,7 +137,8 @@ async def test_compare_two_runs(nursery, autojump_clock, tmp_path):
         (tmp_path / f"{name}.json").write_bytes(report.dumps(doc))
     text, plot = compare_mod.compare([str(tmp_path / "slow.json"), str(tmp_path / "fast.json")], tmp_path / "cmp")
     lines = text.splitlines()
-    assert lines[0].split("|")[1].strip() == "slow" and lines[0].split("|")[2].strip() == "fast"
+    head = [cell.strip() for cell in lines[0].split("|")]
+    assert head == ["load (req/s)", "slow p99 ms / goodput req/s", "fast p99 ms / goodput req/s"]
     assert any(line.startswith("80 ") for line in lines)
     assert "fast: Rated capacity 80 req/s" in text and "(200% of slow)" in text
     assert plot.read_bytes()[:8] == PNG
@@ -183,3 +184,12 @@ def test_markdown_renders_without_an_sla():
     }
     text = markdown.render(doc)
     assert "No SLA given" in text and "| users |" in text
+
+
+def test_compare_labels_are_one_kind_of_name():
+    same = [{"target": {"name": "http://127.0.0.1:8000"}}] * 2
+    assert compare_mod.labels_for(same, ["before/loadtest.json", "after/loadtest.json"]) == ["before", "after"]
+    assert compare_mod.labels_for(same, ["x/a.json", "y/b.json"]) == ["a", "b"]
+    assert compare_mod.labels_for(same, ["x/r/a.json", "y/r/a.json"]) == ["x/r", "y/r"]
+    named = [{"target": {"name": "slow"}}, {"target": {"name": "fast"}}]
+    assert compare_mod.labels_for(named, ["a.json", "b.json"]) == ["slow", "fast"]
