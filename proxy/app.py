@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 import trio
 
+from proxy import build
 from proxy.core.arrival import ArrivalGate
 from proxy.errors import StartupError
 from proxy.http.pool import UpstreamPool
@@ -122,6 +123,7 @@ class App:
         self.rng = rng or random.Random()
         self.metrics = metrics = Metrics(registry, upstreams=[u.url for u in policy.upstreams])
         metrics.policy_version.set(version.version)
+        metrics.build_info.labels(build.version(), build.python_version()).set(1)
         self.pool = UpstreamPool(policy.upstreams, metrics=metrics)
         self.scheduler = Scheduler(policy, rng=self.rng, metrics=metrics)
         self.observatory = Observatory(policy.latency, metrics.registry)

@@ -31,8 +31,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
-from proxy import build
-
 # *_created series double the scrape for no use on a sidecar.
 disable_created_metrics()
 
@@ -134,7 +132,10 @@ SPECS: list[Spec] = [
     Spec("policy_reloads_total", Counter, "Policy reload attempts, by result (ok, error).", ("result",)),
     Spec("policy_version", Gauge, "Version of the policy in force (1 at start, +1 per successful reload)."),
     Spec(
-        "build_info", Gauge, "Always 1; the labels say which rampmeter and Python this pod runs.", ("version", "python")
+        "build_info",
+        Gauge,
+        "Always 1; the labels say which rampmeter and Python this pod runs (set by proxy/app.py).",
+        ("version", "python"),
     ),
     # --- cold start, readiness, GPU (runtime/warmup.py, runtime/gpu.py, runtime/upstream_metrics.py) ---
     Spec("upstreams_ready", Gauge, "Upstreams that may take traffic (ramping or warm); 0 means /readyz answers 503."),
@@ -317,7 +318,6 @@ class Metrics:
                 continue  # its owner registers a collector that computes it at scrape time
             metric = spec.kind(PREFIX + spec.name, spec.help, spec.labels, **kwargs)
             setattr(self, spec.attr, metric)
-        self.build_info.labels(build.version(), build.python_version()).set(1)
 
     def upstream(self, index: int) -> str:
         """The `upstream` label of the policy's upstream number `index`."""
