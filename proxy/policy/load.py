@@ -6,6 +6,16 @@ which we turn into `listen.max_connections`, look up in the text for a line numb
 and for unknown keys list the keys that are allowed. Checks that span several
 fields are registered with `proxy.policy.base.cross_check` and run together after decoding, so
 every rule about how fields relate lives in one place.
+
+A policy *file* that sets nothing (empty, whitespace, or comments only) is refused
+(`parse_policy_file`, used at start, by `rampmeter policy check` and by the live
+reloader): applied, it would reset every tuned setting to its default, and that is
+what a truncated write or an editor's non-atomic save (truncate, then write) shows
+the reloader in between. Comments-only counts too: a truncated copy of a commented
+file such as policies/default.toml is just its header comment. Running on the
+defaults stays one step away: no --policy, or a file with an empty table (`[listen]`).
+`parse_policy("")` (text, not a file) still means the defaults, for tests and callers
+that build policies from strings.
 """
 
 from __future__ import annotations
@@ -20,6 +30,12 @@ from proxy.errors import PolicyError
 from proxy.policy.base import CROSS_CHECKS
 from proxy.policy.schema import PATTERN_HINTS, Policy
 
+EMPTY_FILE = (
+    "the file sets nothing (empty, whitespace or comments only); refused, because applying it would reset "
+    "every setting to its default (a truncated write or a non-atomic editor save looks like this). "
+    "To run on the defaults, omit --policy or write an empty table such as [listen]"
+)
+
 
 def load_policy(path: str | Path) -> Policy:
     path = Path(path)
@@ -27,15 +43,27 @@ def load_policy(path: str | Path) -> Policy:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyError(str(path), [f"cannot read: {exc.strerror or exc}"]) from None
-    return parse_policy(text, source=str(path))
+    return parse_policy_file(text, source=str(path))
 
 
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    """Policy text -> Policy; "" is the defaults (a file gets `parse_policy_file`)."""
+    return policy_from_builtins(_decode(text, source), source, text)
+
+
+def parse_policy_file(text: str, source: str) -> Policy:
+    """A policy file's text -> Policy; a file that sets nothing is an error (see module doc)."""
+    data = _decode(text, source)
+    if not data:
+        raise PolicyError(source, [f"{source}: {EMPTY_FILE}"])
+    return policy_from_builtins(data, source, text)
+
+
+def _decode(text: str, source: str) -> dict:
     try:
-        data = msgspec.toml.decode(text.encode("utf-8"))
+        return msgspec.toml.decode(text.encode("utf-8"))
     except msgspec.DecodeError as exc:
         raise PolicyError(source, [f"not valid TOML: {_toml_message(exc)}"]) from None
-    return policy_from_builtins(data, source, text)
 
 
 def policy_from_builtins(data: dict, source: str, text: str = "") -> Policy:
