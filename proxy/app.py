@@ -11,8 +11,12 @@ for up to `listen.drain_timeout_s`, then everything is cancelled.
 The parts the request path uses are attributes of the app (`scheduler`, `gate`,
 `dedup`, ...), so a policy reload swaps them in one place: the scheduler and
 dedup take the new policy live (queued requests survive), the arrival gate and
-latency windows are rebuilt. Listener addresses, the upstream list and the dedup
-store need a restart; a reload that changes them says so in the log.
+latency windows are rebuilt, and the data listener takes the new `[listen]` limits
+(`Server.update_limits`: body and header caps and timeouts from the next request or
+phase, max_connections from the next accept, what h2 advertises in SETTINGS from the
+next connection). Listener addresses, the upstream list and the dedup store need a
+restart: a reload that changes them logs a warning, keeps them as they are in the
+policy in force, and `/admin/policy` shows the file's values under `pending_restart`.
 
 A small `_signals` task carries slow-moving signals into admission every
 `SIGNAL_INTERVAL_S` (and at once when the sidecar becomes ready, so the limit is
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -63,6 +68,7 @@ class App:
         registry=None,
         rng: random.Random | None = None,
         nvml: Any = None,
+        overrides: Callable[[Policy], Policy] | None = None,
     ) -> None:
         self.policy = policy
         self.version = version
@@ -92,6 +98,8 @@ class App:
             name="admin",
         )
         self.reloader: PolicyReloader | None = None
+        self.overrides = overrides  # command-line flags: applied to every reloaded file as at start
+        self.pending_restart: dict[str, Any] = {}  # key -> the value the file asks for, once restarted
         self.nursery: trio.Nursery | None = None
         self.draining = False
 
@@ -121,7 +129,9 @@ class App:
             data = await nursery.start(self.data_server.serve, data_address)
             admin = await nursery.start(self.admin_server.serve, admin_address)
             if self.policy_path:
-                self.reloader = PolicyReloader(self.policy_path, self.version, self.apply_policy, metrics=self.metrics)
+                self.reloader = PolicyReloader(
+                    self.policy_path, self.version, self.apply_policy, metrics=self.metrics, transform=self.overrides
+                )
                 await nursery.start(self.reloader.run)
             log.info("serving on %s (admin %s), upstreams %s", data, admin, [u.url for u in self.policy.upstreams])
             task_status.started({"data": data, "admin": admin})
@@ -153,8 +163,8 @@ class App:
 
     def apply_policy(self, policy: Policy, version: PolicyVersion) -> None:
         old = self.policy
-        restart_needed = [
-            name
+        restart_needed = {
+            name: after
             for name, before, after in (
                 ("listen.address", old.listen.address, policy.listen.address),
                 ("admin", old.admin, policy.admin),
@@ -162,9 +172,14 @@ class App:
                 ("dedup.store", (old.dedup.store, old.dedup.redis_url), (policy.dedup.store, policy.dedup.redis_url)),
             )
             if before != after
-        ]
+        }
+        self.pending_restart = {name: msgspec.to_builtins(value) for name, value in restart_needed.items()}
         if restart_needed:
-            log.warning("policy v%d changes %s; those take effect at the next restart", version.version, restart_needed)
+            log.warning(
+                "policy v%d changes %s; those take effect at the next restart (see /admin/policy pending_restart)",
+                version.version,
+                sorted(restart_needed),
+            )
             # Until then they run as they are, and the policy in force must say so: the
             # parts sized by the upstream list index it (a file listing more upstreams than
             # `--upstream` gave crashed the sidecar), and command-line overrides survive.
@@ -176,6 +191,7 @@ class App:
                 dedup=msgspec.structs.replace(policy.dedup, store=old.dedup.store, redis_url=old.dedup.redis_url),
             )
         self.policy, self.version = policy, version
+        self.data_server.update_limits(policy.listen)
         self.scheduler.apply_policy(policy)
         if policy.latency != old.latency:
             self.observatory.configure(policy.latency)  # new windows, samples start over
@@ -215,4 +231,6 @@ class App:
             "version": self.version.version,
             "sha256": self.version.sha256,
             "policy": msgspec.to_builtins(self.policy),
+            # What the file asks for that only a restart applies (the policy above is what runs).
+            "pending_restart": self.pending_restart,
         }

@@ -58,6 +58,11 @@ def resolve_policy(args: argparse.Namespace) -> tuple[Policy, PolicyVersion]:
     else:
         policy = Policy()
         version = PolicyVersion("embedded default", 1, "", 0.0)
+    return with_overrides(policy, args), version
+
+
+def with_overrides(policy: Policy, args: argparse.Namespace) -> Policy:
+    """`policy` with the command-line flags applied (at start, and to every reloaded file)."""
     data = msgspec.to_builtins(policy)
     if args.listen:
         data["listen"]["address"] = args.listen
@@ -67,7 +72,7 @@ def resolve_policy(args: argparse.Namespace) -> tuple[Policy, PolicyVersion]:
         protocol = args.upstream_protocol or "http1"
         data["upstreams"] = [{"url": url, "protocol": protocol} for url in args.upstream]
     # Overrides get exactly the checks a file gets, with errors naming the key.
-    return policy_from_builtins(data, "command line"), version
+    return policy_from_builtins(data, "command line")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,14 +88,14 @@ def run(args: argparse.Namespace) -> int:
         for line in exc.errors:
             print(f"rampmeter: invalid policy: {line}", file=sys.stderr)
         return 2
-    trio.run(_serve, policy, version, args.policy)
+    trio.run(_serve, policy, version, args)
     return 0
 
 
-async def _serve(policy: Policy, version: PolicyVersion, policy_path: str | None) -> None:
+async def _serve(policy: Policy, version: PolicyVersion, args: argparse.Namespace) -> None:
     from proxy.app import App  # imported late so `rampmeter --help` stays fast
 
-    app = App(policy, version, policy_path=policy_path)
+    app = App(policy, version, policy_path=args.policy, overrides=lambda p: with_overrides(p, args))
     # Receive signals before announcing readiness, so a prompt SIGTERM is never lost.
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:

@@ -111,6 +111,17 @@ class Server:
     def draining(self) -> bool:
         return self._ctx.draining
 
+    def update_limits(self, limits: Listen) -> None:
+        """Policy reload: new `[listen]` limits, in force from each limit's next use.
+
+        Connections read limits only through the shared context (`ctx.limits`), so
+        swapping that one object applies the body and header caps to the next request,
+        the timeouts from the next phase, max_connections from the next accept, and
+        what a connection fixes when it opens (h2 SETTINGS, h11's head bound) to new
+        connections. The bound address is the one thing it cannot change.
+        """
+        self.limits = self._ctx.limits = limits
+
     def __repr__(self) -> str:
         state = "draining" if self.draining else "serving" if self._address else "unbound"
         return f"<Server {self.name} {self._address or '-'} {state} open={self._open}>"
