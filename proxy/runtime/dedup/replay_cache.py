@@ -30,7 +30,16 @@ invariant; the engine only calls `put` where it holds):
      it for ttl_s from its write (`keep_until`: whole milliseconds, as Redis's
      PX, less CLOCK_MARGIN in case the store's clock runs faster than ours).
 Hence, until `expires_at`, the store holds exactly the kept record for the
-scope: no other completed record can be current there. A record a claim finds
+scope: no other completed record can be current there.
+
+One exception, on purpose: while the store is unreachable and on_store_error is
+fail_open, a leader here runs without a claim, and its response is kept for ttl_s
+from its completion (engine `_keep_local`) although the store holds nothing for
+the scope. Retries that reach this replica during (and after) the outage replay
+it instead of running again; another replica, or this one's key after an LRU
+eviction, may still run it once more and keep its own response. That is the
+bargain fail_open already makes (no cross-replica dedup while the store is away),
+narrowed from "every retry runs" to "at most once per replica". A record a claim finds
 already complete was written at an unknown time, so its expiry is unknown and
 it is not kept (a store that reported the remaining TTL would allow it).
 Assumed: replicas sharing key_prefix run one ttl_s (one policy), and Redis
