@@ -6,7 +6,8 @@ parts together; `App.run` opens them in dependency order inside one nursery
 listeners) and reports readiness to listen with `task_status.started(addresses)`
 only when every listener is bound. `App.shutdown` drains: /readyz flips to
 "draining" at once (so Kubernetes stops routing here), the data listener drains
-for up to `listen.drain_timeout_s`, then everything is cancelled.
+until no request is in flight (at most `listen.drain_timeout_s`; idle client
+connections and pooled upstream ones never hold it), then everything is cancelled.
 
 The parts the request path uses are attributes of the app (`scheduler`, `gate`,
 `dedup`, ...), so a policy reload swaps them in one place: the scheduler and

@@ -11,9 +11,12 @@ handler through `exchange.run_exchange`.
 `shutdown(drain_timeout_s)` drains: it cancels the accept loops (closing the
 listening sockets, so new connects are refused), asks every connection to drain
 (h1: close when idle, `connection: close` on the answer in flight; h2: GOAWAY with
-the last processed stream, then close when its streams are done), waits for the
-connections to finish until the deadline, cancels what is left, and returns when
-`serve()` has ended.
+the last processed stream, then close when its streams are done), waits until no
+request is in flight (or the deadline), gives connections DRAIN_GRACE_S to close on
+their own, cancels what is left, and returns when `serve()` has ended. It waits for
+requests, not connections: a connection that carries no request (accepted but
+silent, a head half sent, a keep-alive one between requests) would otherwise hold
+an idle sidecar's exit for its header or idle timeout, up to the whole drain.
 
 Why hand-written on h11/h2 rather than hypercorn (the maintained trio server): it
 serves ASGI, not this handler interface; its HTTP/2 reader awaits each stream's
@@ -47,6 +50,10 @@ RECEIVE_SIZE = 65_536
 # accept() failures that mean "out of resources now", not "listener broken" (as trio's serve_listeners).
 _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _ACCEPT_RETRY_S = 0.1
+# Drain: once no request is in flight, connections get this long to close by themselves
+# (an h2 GOAWAY flushed, a head that was half sent completed and answered) before the cut.
+DRAIN_GRACE_S = 0.5
+_DRAIN_POLL_S = 0.05  # how often the drain looks at the in-flight count (a counter, not an event)
 
 
 @dataclass(frozen=True)
@@ -172,10 +179,21 @@ class Server:
         for conn in list(self._connections):
             conn.drain()
         with trio.move_on_at(deadline):
-            if self._open:
-                await self._all_closed.wait()
+            await self._quiesced()
         self._connections_scope.cancel()
         await self._stopped.wait()
+
+    async def _quiesced(self) -> None:
+        """Until every connection has closed, or no request was in flight for DRAIN_GRACE_S."""
+        ctx = self._ctx
+        while self._open:
+            if ctx.requests_in_flight:
+                await trio.sleep(_DRAIN_POLL_S)
+                continue
+            with trio.move_on_after(DRAIN_GRACE_S):
+                await self._all_closed.wait()
+            if not ctx.requests_in_flight:
+                return
 
     async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
         try:
