@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import trio
 
-from proxy.http.exchange import ServerContext
+from proxy.http.exchange import CLIENT, ServerContext
 from proxy.http.h1server import H1Connection
 from proxy.http.h2server import H2Connection
 from proxy.http.messages import Handler
@@ -207,7 +207,7 @@ class Server:
                     await trio.sleep(_ACCEPT_RETRY_S)
                     continue
                 if self._open >= self.limits.max_connections:
-                    self._ctx.connection_rejected()
+                    self._ctx.connection_rejected(_peer(stream))
                     stream.socket.close()
                     continue
                 self._open += 1
@@ -218,12 +218,18 @@ class Server:
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         accepted_at = trio.current_time()
+        peer = _peer(stream)  # now: once the connection failed, getpeername() may fail too
+        CLIENT.set(peer)  # this task's context: the connection's tasks inherit it (log lines name the peer)
         try:
             initial = await self._first_bytes(stream, accepted_at)
             if initial:
-                await self._run(stream, initial, accepted_at)
+                await self._run(stream, initial, accepted_at, peer)
         except Exception:
-            log.exception("connection from %s failed", _peer(stream))
+            # A bug (nothing a connection raises on purpose gets here): its traceback, at a
+            # rate a client that can trigger it cannot raise.
+            self._ctx.events.event(
+                "connection_failed", "connection from %s failed", peer, level=logging.ERROR, exc_info=True
+            )
         finally:
             stream.socket.close()
             self._open -= 1
@@ -247,9 +253,9 @@ class Server:
             self._detecting -= 1
         return buf
 
-    async def _run(self, stream: trio.SocketStream, initial: bytes, accepted_at: float) -> None:
+    async def _run(self, stream: trio.SocketStream, initial: bytes, accepted_at: float, peer: str) -> None:
         kind = H2Connection if initial.startswith(PREFACE) else H1Connection
-        conn = kind(self._ctx, stream, _peer(stream), accepted_at)
+        conn = kind(self._ctx, stream, peer, accepted_at)
         self._connections.add(conn)
         gauge = self._gauges[conn.protocol] if self._gauges else None
         if gauge is not None:

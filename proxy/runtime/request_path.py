@@ -35,13 +35,16 @@ import trio
 from proxy.core import deadline as dl
 from proxy.core import wire
 from proxy.core.decisions import Outcome, Reject, Ticket
+from proxy.errors import ResponseCut
 from proxy.http.messages import Request, ResponseSink
+from proxy.http.ratelog import RateLimitedLog
 from proxy.runtime import relay
 from proxy.runtime.classify import classify
 from proxy.runtime.dedup import Follower, Leader, Replay
 from proxy.runtime.sinks import RecordingSink, TeeSink, play
 
 log = logging.getLogger("rampmeter.request")
+_events = RateLimitedLog(log)
 
 _QUEUE_MS = wire.QUEUE_MS.encode()
 _HINT_MS = wire.TIMEOUT_HINT_MS.encode()
@@ -49,7 +52,7 @@ _FAILED = (Outcome.ERROR, Outcome.REFUSED)
 _TOO_LATE = Reject(wire.Reason.DEADLINE_EXPIRED, None, "the deadline no longer covers the expected service time")
 
 
-class ResponseAborted(Exception):
+class ResponseAborted(ResponseCut):
     """The response had started when the deadline passed: the client's stream is cut."""
 
 
@@ -129,6 +132,12 @@ class RequestPath:
             await self.reject(sink, refusal)
         elif deadline.cancelled_caught:
             if sink.headers_sent:
+                _events.event(
+                    "deadline_mid_response",
+                    "deadline passed while streaming the response to %s for %r; cut",
+                    request.client or "?",
+                    request,
+                )
                 raise ResponseAborted("deadline passed while the response was streaming")
             await self.reject(sink, Reject(wire.Reason.DEADLINE_EXPIRED, None, "the request's deadline passed"))
 
@@ -156,6 +165,8 @@ class RequestPath:
         result = await relay.forward(app.pool, upstream, timeout_s, request, body, sink, extra, ticket.deadline)
         slot.done(result.outcome, result.service_ms, result.observed)
         app.lifecycles.report_result(upstream, result.outcome not in _FAILED)
+        if result.cut:
+            raise ResponseCut("the upstream failed mid-response")  # relay logged it
         done_at = trio.current_time()
         app.observatory.record(ticket, queue_ms, result.service_ms, done_at)
         if result.reason is not None:
