@@ -26,10 +26,12 @@ from proxy.policy.base import Section
 
 HOST_PORT_RE = r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+|\*):[0-9]{1,5}$"
 HTTP_URL_RE = r"^http://[^/?#]+(/.*)?$"
+PATH_PREFIX_RE = r"^/[^\s?#]*$"
 # What a value must look like, in words, for errors about the patterns above.
 PATTERN_HINTS = {
     HOST_PORT_RE: "HOST:PORT, e.g. 0.0.0.0:8080 or [::1]:9090",
     HTTP_URL_RE: "http://HOST:PORT[/prefix] (cleartext; the sidecar sits in the pod)",
+    PATH_PREFIX_RE: "a path prefix starting with /, e.g. /v1/ (no spaces, query or fragment)",
 }
 
 HostPort = Annotated[str, Meta(pattern=HOST_PORT_RE, description="HOST:PORT; [::1]:PORT for IPv6")]
@@ -70,6 +72,13 @@ class Listen(Section):
             description="On SIGTERM, how long in-flight requests may finish before they are cancelled. Keep below the pod's terminationGracePeriodSeconds.",
         ),
     ] = 25.0
+    served_paths: Annotated[
+        list[Annotated[str, Meta(pattern=PATH_PREFIX_RE, max_length=256)]],
+        Meta(
+            max_length=64,
+            description='Path prefixes the data port serves, e.g. ["/v1/"]; any other path gets 404 from the sidecar and never reaches the model server (its /metrics, /docs, admin routes). Empty: every path is forwarded.',
+        ),
+    ] = msgspec.field(default_factory=list)
 
 
 class Admin(Section):

@@ -3,7 +3,8 @@
 Theory of operation: `RequestPath.__call__` is the data listener's handler and
 reads like the path itself:
 
-    read the bounded body -> classify (class, cost, tenant, one absolute deadline)
+    served path? (listen.served_paths, else 404) -> read the bounded body
+    -> classify (class, cost, tenant, one absolute deadline)
     -> dedup claim (leader / follower / replay) -> readiness -> shed check and
     admission queue (SJF with aging), waiting for a slot under the deadline ->
     forward upstream with the remaining budget -> stream the response back ->
@@ -35,6 +36,7 @@ import trio
 from proxy.core import deadline as dl
 from proxy.core import wire
 from proxy.core.decisions import Outcome, Reject, Ticket
+from proxy.core.served_paths import ServedPaths
 from proxy.errors import ResponseCut
 from proxy.http.messages import Request, ResponseSink
 from proxy.http.ratelog import RateLimitedLog
@@ -49,6 +51,11 @@ _events = RateLimitedLog(log)
 _QUEUE_MS = wire.QUEUE_MS.encode()
 _HINT_MS = wire.TIMEOUT_HINT_MS.encode()
 _FAILED = (Outcome.ERROR, Outcome.REFUSED)
+_JSON = [(b"content-type", b"application/json")]
+_NOT_SERVED = (
+    b'{"error": {"type": "invalid_request_error", "code": "not_found", '
+    b'"message": "this path is not served here (listen.served_paths)"}}'
+)
 _TOO_LATE = Reject(wire.Reason.DEADLINE_EXPIRED, None, "the deadline no longer covers the expected service time")
 
 
@@ -65,9 +72,17 @@ class RequestPath:
         self._rejections = {r: metrics.rejections.labels(r.value) for r in wire.Reason}
         self._goodput: dict[str, object] = {}
         self._goodput_metric = metrics.goodput
+        self._listen = app.policy.listen
+        self._served = ServedPaths(self._listen.served_paths)
 
     async def __call__(self, request: Request, sink: ResponseSink) -> None:
         app = self.app
+        if app.policy.listen is not self._listen:
+            self._listen = app.policy.listen
+            self._served = ServedPaths(self._listen.served_paths)
+        if not self._served.allows(request.path):
+            await sink.respond(404, _JSON, _NOT_SERVED)  # listen.served_paths: not the model's to answer
+            return
         body = await request.body.read_all()
         try:
             ticket = classify(request, body, trio.current_time(), app.scheduler, app.policy)
