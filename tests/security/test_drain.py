@@ -80,6 +80,36 @@ def test_an_idle_sidecar_exits_at_once_whatever_connections_it_holds(tmp_path):
         assert_clean_log(proc)
 
 
+def test_clients_gone_before_their_exchange_started_do_not_stay_in_flight(tmp_path):
+    """What "after a long attack run" left: a head, part of a body and the FIN, read in one go.
+
+    The reader saw the EOF before the worker had started the exchange; it took the
+    connection's previous (finished) answer for this request's and did not cancel, so
+    the exchange waited for the rest of the body for ever: in flight, holding the drain
+    to its deadline (1,100 stalled-body sockets closed by the attacker left ~500 such).
+    """
+    path = tmp_path / "policy.toml"
+    path.write_text(POLICY)
+    head = b'POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n{"mo'
+    with sim_pod(speed=20.0) as pod, sidecar(pod.url(), policy=str(path)) as proc:
+        host, _, port = proc.addresses["data"].rpartition(":")
+        for _ in range(300):
+            sock = socket.create_connection((host, int(port)), timeout=5)
+            sock.sendall(head)
+            sock.close()  # before the sidecar has even read it, most of the time
+
+        def in_flight() -> int:
+            return httpx.get(proc.url("admin") + "/admin/stats", timeout=5).json()["server"]["requests_in_flight"]
+
+        deadline = time.monotonic() + 5
+        while in_flight() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert in_flight() == 0
+        took, code = stop_timed(proc)
+        assert code == 0 and took < EXIT_BOUND_S, took
+        assert_clean_log(proc)
+
+
 def test_the_drain_waits_for_the_request_in_flight_then_exits_at_once(tmp_path):
     path = tmp_path / "policy.toml"
     path.write_text(POLICY)
