@@ -13,6 +13,9 @@ called with it. A broken file keeps the old policy in force, logs the error once
 per distinct content, and counts `policy_reloads_total{result="error"}`. A file
 that sets nothing (empty, whitespace or comments only: what a truncated write or a
 non-atomic editor save shows in between) is such a broken file, never "all defaults".
+`transform` (the command-line overrides, from proxy/serve.py) is applied to every
+new file as it was at start, so a flag such as `--listen` keeps winning over the
+file and is never mistaken for a change that needs a restart.
 No third-party watcher: watchfiles/watchdog bring threads and native code for
 what a 1 s stat does here, and neither follows ConfigMap symlink swaps by name.
 """

@@ -401,6 +401,8 @@ def _h1_requests(requests: list[bytes], *, smuggle_check: bool = False) -> Worke
                         break
                     if got[1].get(b"connection", b"").lower() == b"close":
                         break
+            except TimeoutError:
+                tally.add(outcome="timeout")
             except OSError:
                 tally.add(outcome="reset")
             finally:
@@ -453,6 +455,8 @@ def _h1_once(target: tuple[str, int], request: bytes, tally: Tally) -> None:
         sock.sendall(request)
         got = H1Reader(sock).response()
         tally.add(outcome="closed" if got is None else f"status:{got[0]}")
+    except TimeoutError:
+        tally.add(outcome="timeout")
     except OSError:
         tally.add(outcome="reset")
     finally:

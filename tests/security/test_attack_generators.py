@@ -8,6 +8,8 @@ must still answer /healthz afterwards.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -19,13 +21,22 @@ pytestmark = pytest.mark.integration
 
 def test_every_attack_attacks():
     with attacked_stack() as stack:
-        for name in sorted(attacks.ATTACKS):
-            workers = 1
-            tally = attacks.run(name, stack.data, 0.6, workers)
-            assert tally.connections >= 1 and tally.sent >= 1, tally
-            assert httpx.get(stack.admin + "/healthz", timeout=10).status_code == 200, name
         cl_te = attacks.run("cl_te", stack.data, 0.3, 1)
         assert any(k.startswith("status:") for k in cl_te.outcomes), cl_te  # it reads answers, too
+        for name in sorted(attacks.ATTACKS):
+            tally = attacks.run(name, stack.data, 0.3, 1)
+            assert tally.connections >= 1 and tally.sent >= 1, tally
+        assert httpx.get(stack.admin + "/healthz", timeout=30).status_code == 200
+
+
+def test_production_code_never_imports_the_attacks():
+    root = Path(__file__).resolve().parents[2] / "proxy"
+    offenders = [
+        str(path.relative_to(root))
+        for path in root.rglob("*.py")
+        if "testing" not in path.relative_to(root).parts and "proxy.testing.attacks" in path.read_text()
+    ]
+    assert offenders == []
 
 
 def test_the_frame_reader_tells_answers_apart():
