@@ -6,13 +6,18 @@ parts together; `App.run` opens them in dependency order inside one nursery
 listeners) and reports readiness to listen with `task_status.started(addresses)`
 only when every listener is bound. `App.shutdown` drains: /readyz flips to
 "draining" at once (so Kubernetes stops routing here), the data listener drains
-for up to `listen.drain_timeout_s`, then everything is cancelled.
+until no request is in flight (at most `listen.drain_timeout_s`; idle client
+connections and pooled upstream ones never hold it), then everything is cancelled.
 
 The parts the request path uses are attributes of the app (`scheduler`, `gate`,
 `dedup`, ...), so a policy reload swaps them in one place: the scheduler and
 dedup take the new policy live (queued requests survive), the arrival gate and
-latency windows are rebuilt. Listener addresses, the upstream list and the dedup
-store need a restart; a reload that changes them says so in the log.
+latency windows are rebuilt, and the data listener takes the new `[listen]` limits
+(`Server.update_limits`: body and header caps and timeouts from the next request or
+phase, max_connections from the next accept, what h2 advertises in SETTINGS from the
+next connection). Listener addresses, the upstream list and the dedup store need a
+restart: a reload that changes them logs a warning, keeps them as they are in the
+policy in force, and `/admin/policy` shows the file's values under `pending_restart`.
 
 A small `_signals` task carries slow-moving signals into admission every
 `SIGNAL_INTERVAL_S` (and at once when the sidecar becomes ready, so the limit is
@@ -146,6 +151,8 @@ class App:
             name="admin",
         )
         self.reloader: PolicyReloader | None = None
+        self._file_at_start = self.file_policy
+        self.pending_restart: dict[str, Any] = {}  # key -> the value the file asks for, once restarted
         self.nursery: trio.Nursery | None = None
         self.draining = False
 
@@ -213,12 +220,23 @@ class App:
         restart_needed = restart_keys(self.file_policy, policy)
         self.file_policy = policy
         if restart_needed:
-            log.warning("policy v%d changes %s; those take effect at the next restart", version.version, restart_needed)
+            log.warning(
+                "policy v%d changes %s; those take effect at the next restart (see /admin/policy pending_restart)",
+                version.version,
+                restart_needed,
+            )
+        # Restart-only values never change while running, so what waits for a restart is
+        # what the file asks for that differs from the file the sidecar started with.
+        wanted = dict(_restart_parts(policy))
+        self.pending_restart = {
+            name: msgspec.to_builtins(wanted[name]) for name in restart_keys(self._file_at_start, policy)
+        }
         # Until then they run as they are, and the policy in force must say so: the parts
         # sized by the upstream list index it (a file listing more upstreams than
         # `--upstream` gave crashed the sidecar), and command-line overrides survive.
         policy = keep_running(policy, old)
         self.policy, self.version = policy, version
+        self.data_server.update_limits(policy.listen)
         self.scheduler.apply_policy(policy)
         if policy.latency != old.latency:
             self.observatory.configure(policy.latency)  # new windows, samples start over
@@ -258,4 +276,6 @@ class App:
             "version": self.version.version,
             "sha256": self.version.sha256,
             "policy": msgspec.to_builtins(self.policy),
+            # What the file asks for that only a restart applies (the policy above is what runs).
+            "pending_restart": self.pending_restart,
         }

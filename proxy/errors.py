@@ -45,6 +45,12 @@ class ClientGone(RampmeterError):
     """The downstream client disconnected or reset its stream."""
 
 
+class ResponseCut(RampmeterError):
+    """A handler ends a response it had started, on purpose (the upstream died mid-stream, the
+    deadline passed while streaming): the server aborts the client's stream, which the client
+    sees as a truncated response. Expected and already logged where it happened: no traceback."""
+
+
 class UpstreamError(RampmeterError):
     """Talking to the model server failed."""
 

@@ -14,6 +14,9 @@ into an answer on the wire:
 `ServerContext` is what every connection of one `Server` shares: the handler, the
 limits, statistics counters and the Prometheus children bound once (never per
 request). `metrics=None` leaves only the counters, so tests need no registry.
+Its `events` log (proxy/http/ratelog.py) is where every client-caused event is
+logged: one line per event with the peer, at a rate no client can raise; a handler
+that fails (a real bug a client may trigger at will) logs its traceback that way.
 
 Invariants: the body buffer never holds more than the connection allowed (h1 reader
 backpressure, h2 flow-control window); a handler exception never escapes a
@@ -22,20 +25,26 @@ connection; `trio.Cancelled` from outside (server shutdown) always propagates.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 import trio
 
-from proxy.errors import BodyTooLarge, ClientGone, ProtocolError
+from proxy.errors import BodyTooLarge, ClientGone, ProtocolError, ResponseCut
 from proxy.http.messages import Handler, Request
+from proxy.http.ratelog import RateLimitedLog
 from proxy.policy.schema import Listen
 from proxy.runtime.metrics import Metrics
 
 log = logging.getLogger("rampmeter.server")
 
 TEXT_PLAIN = [(b"content-type", b"text/plain; charset=utf-8")]
+# The peer of the connection the running task serves: set once per connection by the server
+# and inherited by the tasks the connection starts (trio copies the context at spawn), so a
+# line about a client's doing names the client without every call site passing it.
+CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("rampmeter_client", default="?")
 CLIENT_CLOSED = 499  # nginx's code for "client closed request": recorded, never sent
 
 
@@ -52,6 +61,7 @@ class ServerContext:
         self.client_disconnects = 0
         self.connections_rejected = 0
         self.protocol_errors = 0
+        self.events = RateLimitedLog(log)
         self._done: dict[tuple[str, int, str], Callable[[float], None]] = {}
         self._errors: dict[str, Callable[[], None]] = {}
 
@@ -74,10 +84,10 @@ class ServerContext:
 
         return record
 
-    def protocol_error(self, kind: str, detail: str) -> None:
-        """One debug line and one count per malformed request or HTTP/2 protocol error."""
+    def protocol_error(self, kind: str, detail: str, peer: str = "") -> None:
+        """One count and one (rate-limited) line per malformed request or HTTP/2 protocol error."""
         self.protocol_errors += 1
-        log.debug("protocol error %s: %s", kind, detail)
+        self.events.event(kind, "protocol error %s from %s: %s", kind, peer or CLIENT.get(), detail)
         count = self._errors.get(kind)
         if count is None:
             count = self._errors[kind] = (
@@ -85,8 +95,14 @@ class ServerContext:
             )
         count()
 
-    def connection_rejected(self) -> None:
+    def connection_rejected(self, peer: str = "") -> None:
         self.connections_rejected += 1
+        self.events.event(
+            "connection_refused",
+            "connection from %s refused: max_connections (%d) open",
+            peer or "?",
+            self.limits.max_connections,
+        )
         if self.metrics is not None:
             self.metrics.connections_rejected.inc()
 
@@ -249,12 +265,23 @@ async def _call_handler(
         return None
     except ProtocolError as exc:
         return 400, str(exc)
+    except ResponseCut:
+        return 500, "response cut"  # started, so the stream is aborted; logged where it was cut
     except Exception:
-        log.exception("handler failed on %r", request)
+        ctx.events.event(
+            "handler_failed",
+            "handler failed on %r from %s",
+            request,
+            request.client,
+            level=logging.ERROR,
+            exc_info=True,
+        )
         return 500, "internal error"
     if sink.finished or request.client_gone:
         return None
-    log.error("handler returned without finishing its response to %r", request)
+    ctx.events.event(
+        "handler_unfinished", "handler returned without finishing its response to %r", request, level=logging.ERROR
+    )
     return 500, "handler returned without a response"
 
 

@@ -218,6 +218,10 @@ class H1Connection:
                 host = value
         content_length = None if chunked else int(length or 0)
         self._body = H1Body(self, content_length, limits.max_body_bytes)
+        # The exchange's sink from the head on, not from when the worker starts: an EOF read
+        # before then (head, part of a body and FIN in one read) must see an unfinished answer,
+        # or `_eof` takes the client for gone-after-answer and the exchange waits for ever.
+        self._sink = H1Sink(self, event.method == b"HEAD")
         self._reject = None
         if head_size > limits.max_header_bytes:
             self.ctx.protocol_error("h1_header_too_large", f"{head_size} byte head")
@@ -280,7 +284,7 @@ class H1Connection:
 
     async def _exchange(self, request: Request) -> None:
         self.requests += 1
-        self._sink = sink = H1Sink(self, request.method == b"HEAD")
+        sink = self._sink  # made by _begin
         handler = self.ctx.handler
         if self._reject is not None:
             status, message = self._reject

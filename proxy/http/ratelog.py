@@ -7,6 +7,8 @@ lines a second); what the bucket refuses is counted, and the next line of that k
 that is let through says how many were suppressed since the last one. So an
 operator always sees the first events of a burst and a running count, and a
 flood of 10,000 bad requests a second writes at most `per_s` lines a second.
+`exc_info=True` adds the traceback to the lines let through: for real bugs that a
+client can trigger at will.
 
 Time is read with `time.monotonic()` at the call (logging is I/O already); tests pass
 `clock`. Why hand-written: the stdlib has no rate limiting, and logging filters that
@@ -43,7 +45,7 @@ class RateLimitedLog:
         self.logger, self.per_s, self.burst, self.level, self.clock = logger, per_s, burst, level, clock
         self._buckets: dict[str, _Bucket] = {}
 
-    def event(self, kind: str, msg: str, *args: object, level: int | None = None) -> bool:
+    def event(self, kind: str, msg: str, *args: object, level: int | None = None, exc_info: bool = False) -> bool:
         now = self.clock()
         bucket = self._buckets.get(kind)
         if bucket is None:
@@ -59,7 +61,7 @@ class RateLimitedLog:
             msg += " (%d more %s events suppressed)"
             args = (*args, bucket.suppressed, kind)
             bucket.suppressed = 0
-        self.logger.log(self.level if level is None else level, msg, *args)
+        self.logger.log(self.level if level is None else level, msg, *args, exc_info=exc_info)
         return True
 
     def statistics(self) -> dict[str, int]:

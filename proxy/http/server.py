@@ -11,9 +11,12 @@ handler through `exchange.run_exchange`.
 `shutdown(drain_timeout_s)` drains: it cancels the accept loops (closing the
 listening sockets, so new connects are refused), asks every connection to drain
 (h1: close when idle, `connection: close` on the answer in flight; h2: GOAWAY with
-the last processed stream, then close when its streams are done), waits for the
-connections to finish until the deadline, cancels what is left, and returns when
-`serve()` has ended.
+the last processed stream, then close when its streams are done), waits until no
+request is in flight (or the deadline), gives connections DRAIN_GRACE_S to close on
+their own, cancels what is left, and returns when `serve()` has ended. It waits for
+requests, not connections: a connection that carries no request (accepted but
+silent, a head half sent, a keep-alive one between requests) would otherwise hold
+an idle sidecar's exit for its header or idle timeout, up to the whole drain.
 
 Why hand-written on h11/h2 rather than hypercorn (the maintained trio server): it
 serves ASGI, not this handler interface; its HTTP/2 reader awaits each stream's
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 
 import trio
 
-from proxy.http.exchange import ServerContext
+from proxy.http.exchange import CLIENT, ServerContext
 from proxy.http.h1server import H1Connection
 from proxy.http.h2server import H2Connection
 from proxy.http.messages import Handler
@@ -47,6 +50,10 @@ RECEIVE_SIZE = 65_536
 # accept() failures that mean "out of resources now", not "listener broken" (as trio's serve_listeners).
 _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _ACCEPT_RETRY_S = 0.1
+# Drain: once no request is in flight, connections get this long to close by themselves
+# (an h2 GOAWAY flushed, a head that was half sent completed and answered) before the cut.
+DRAIN_GRACE_S = 0.5
+_DRAIN_POLL_S = 0.05  # how often the drain looks at the in-flight count (a counter, not an event)
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,17 @@ class Server:
     def draining(self) -> bool:
         return self._ctx.draining
 
+    def update_limits(self, limits: Listen) -> None:
+        """Policy reload: new `[listen]` limits, in force from each limit's next use.
+
+        Connections read limits only through the shared context (`ctx.limits`), so
+        swapping that one object applies the body and header caps to the next request,
+        the timeouts from the next phase, max_connections from the next accept, and
+        what a connection fixes when it opens (h2 SETTINGS, h11's head bound) to new
+        connections. The bound address is the one thing it cannot change.
+        """
+        self.limits = self._ctx.limits = limits
+
     def __repr__(self) -> str:
         state = "draining" if self.draining else "serving" if self._address else "unbound"
         return f"<Server {self.name} {self._address or '-'} {state} open={self._open}>"
@@ -161,10 +179,21 @@ class Server:
         for conn in list(self._connections):
             conn.drain()
         with trio.move_on_at(deadline):
-            if self._open:
-                await self._all_closed.wait()
+            await self._quiesced()
         self._connections_scope.cancel()
         await self._stopped.wait()
+
+    async def _quiesced(self) -> None:
+        """Until every connection has closed, or no request was in flight for DRAIN_GRACE_S."""
+        ctx = self._ctx
+        while self._open:
+            if ctx.requests_in_flight:
+                await trio.sleep(_DRAIN_POLL_S)
+                continue
+            with trio.move_on_after(DRAIN_GRACE_S):
+                await self._all_closed.wait()
+            if not ctx.requests_in_flight:
+                return
 
     async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
         try:
@@ -178,7 +207,7 @@ class Server:
                     await trio.sleep(_ACCEPT_RETRY_S)
                     continue
                 if self._open >= self.limits.max_connections:
-                    self._ctx.connection_rejected()
+                    self._ctx.connection_rejected(_peer(stream))
                     stream.socket.close()
                     continue
                 self._open += 1
@@ -189,12 +218,18 @@ class Server:
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         accepted_at = trio.current_time()
+        peer = _peer(stream)  # now: once the connection failed, getpeername() may fail too
+        CLIENT.set(peer)  # this task's context: the connection's tasks inherit it (log lines name the peer)
         try:
             initial = await self._first_bytes(stream, accepted_at)
             if initial:
-                await self._run(stream, initial, accepted_at)
+                await self._run(stream, initial, accepted_at, peer)
         except Exception:
-            log.exception("connection from %s failed", _peer(stream))
+            # A bug (nothing a connection raises on purpose gets here): its traceback, at a
+            # rate a client that can trigger it cannot raise.
+            self._ctx.events.event(
+                "connection_failed", "connection from %s failed", peer, level=logging.ERROR, exc_info=True
+            )
         finally:
             stream.socket.close()
             self._open -= 1
@@ -218,9 +253,9 @@ class Server:
             self._detecting -= 1
         return buf
 
-    async def _run(self, stream: trio.SocketStream, initial: bytes, accepted_at: float) -> None:
+    async def _run(self, stream: trio.SocketStream, initial: bytes, accepted_at: float, peer: str) -> None:
         kind = H2Connection if initial.startswith(PREFACE) else H1Connection
-        conn = kind(self._ctx, stream, _peer(stream), accepted_at)
+        conn = kind(self._ctx, stream, peer, accepted_at)
         self._connections.add(conn)
         gauge = self._gauges[conn.protocol] if self._gauges else None
         if gauge is not None:

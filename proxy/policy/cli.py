@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from proxy.errors import PolicyError
-from proxy.policy.load import notes, parse_policy, read_policy_text
+from proxy.policy.load import notes, parse_policy_file, read_policy_text
 from proxy.policy.schema import Policy
 
 SCHEMA_URI = "https://json-schema.org/draft/2020-12/schema"
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     for path in args.files:
         try:
             text = read_policy_text(Path(path))
-            parse_policy(text, source=str(path))
+            parse_policy_file(text, source=str(path))
         except PolicyError as exc:
             failed = True
             for line in exc.errors:

@@ -95,7 +95,7 @@ class Dedup(Section):
         Meta(
             ge=0,
             le=68_719_476_736,
-            description="Total size of the completed responses this replica keeps in memory for replay: the memory store's, or with redis its replay cache (0 keeps none); the least recently used go first.",
+            description="Memory this replica spends on completed responses kept for replay (the memory store, or with redis its replay cache), counted as the memory they really hold: their Python objects and table slots, about 2-4x the response bytes for small or streamed answers. 0 keeps none; the least recently used go first.",
         ),
     ] = 67_108_864
     lease_ms: Annotated[

@@ -13,6 +13,16 @@ start with the key they blame, which gets its line the same way.
 `[classes.*]` tables replace the default classes as a whole (the decision, and why,
 is in docs/policy-reference.md), so a file that tunes `[classes.realtime]` alone has
 lost interactive and batch; `rampmeter policy check` prints it as a warning.
+
+A policy *file* that sets nothing (empty, whitespace, or comments only) is refused
+(`parse_policy_file`, used at start, by `rampmeter policy check` and by the live
+reloader): applied, it would reset every tuned setting to its default, and that is
+what a truncated write or an editor's non-atomic save (truncate, then write) shows
+the reloader in between. Comments-only counts too: a truncated copy of a commented
+file such as policies/default.toml is just its header comment. Running on the
+defaults stays one step away: no --policy, or a file with an empty table (`[listen]`).
+`parse_policy("")` (text, not a file) still means the defaults, for tests and callers
+that build policies from strings.
 """
 
 from __future__ import annotations
@@ -27,10 +37,16 @@ from proxy.policy import explain, toml_lines
 from proxy.policy.base import CROSS_CHECKS
 from proxy.policy.schema import Policy
 
+EMPTY_FILE = (
+    "the file sets nothing (empty, whitespace or comments only); refused, because applying it would reset "
+    "every setting to its default (a truncated write or a non-atomic editor save looks like this). "
+    "To run on the defaults, omit --policy or write an empty table such as [listen]"
+)
+
 
 def load_policy(path: str | Path) -> Policy:
     path = Path(path)
-    return parse_policy(read_policy_text(path), source=str(path))
+    return parse_policy_file(read_policy_text(path), source=str(path))
 
 
 def read_policy_text(path: Path) -> str:
@@ -43,11 +59,22 @@ def read_policy_text(path: Path) -> str:
 
 
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    return policy_from_builtins(_decode(text, source), source, text)
+
+
+def parse_policy_file(text: str, source: str) -> Policy:
+    """A policy file's text -> Policy; a file that sets nothing is an error (see module doc)."""
+    data = _decode(text, source)
+    if not data:
+        raise PolicyError(source, [f"{source}: {EMPTY_FILE}"])
+    return policy_from_builtins(data, source, text)
+
+
+def _decode(text: str, source: str) -> dict:
     try:
-        data = msgspec.toml.decode(text.encode("utf-8"))
+        return msgspec.toml.decode(text.encode("utf-8"))
     except msgspec.DecodeError as exc:
         raise PolicyError(source, [f"not valid TOML: {_toml_message(exc)}"]) from None
-    return policy_from_builtins(data, source, text)
 
 
 def policy_from_builtins(data: dict, source: str, text: str = "") -> Policy:

@@ -29,10 +29,12 @@ _PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|
 _HOST = r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+)"
 HOST_PORT_RE = rf"^({_HOST[1:-1]}|\*):{_PORT}$"
 HTTP_URL_RE = rf"^http://{_HOST}(:{_PORT.removesuffix('|0)') + ')'})?(/.*)?$"  # port 0 cannot be dialled
+PATH_PREFIX_RE = r"^/[^\s?#]*$"
 # What a value must look like, in words, for errors about the patterns above.
 PATTERN_HINTS = {
     HOST_PORT_RE: "HOST:PORT, e.g. 0.0.0.0:8080 or [::1]:9090 (port 0-65535)",
     HTTP_URL_RE: "http://HOST:PORT[/prefix] (cleartext; the sidecar sits in the pod; port 1-65535)",
+    PATH_PREFIX_RE: "a path prefix starting with /, e.g. /v1/ (no spaces, query or fragment)",
     _dedup.REDIS_URL_RE: "redis://[:PASSWORD@]HOST[:PORT][/DB] or rediss://... (one Redis server)",
 }
 
@@ -74,6 +76,13 @@ class Listen(Section):
             description="On SIGTERM, how long in-flight requests may finish before they are cancelled. Keep below the pod's terminationGracePeriodSeconds.",
         ),
     ] = 25.0
+    served_paths: Annotated[
+        list[Annotated[str, Meta(pattern=PATH_PREFIX_RE, max_length=256)]],
+        Meta(
+            max_length=64,
+            description='Path prefixes the data port serves, e.g. ["/v1/"]; any other path gets 404 from the sidecar and never reaches the model server (its /metrics, /docs, admin routes). Empty: every path is forwarded.',
+        ),
+    ] = msgspec.field(default_factory=list)
 
 
 class Admin(Section):

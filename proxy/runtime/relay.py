@@ -9,8 +9,11 @@ response byte) and, when the upstream reported it, the tokens it used.
 
 Failures before any response byte are answered here per the wire contract
 (502 upstream_unavailable, 504 upstream_timeout). After response bytes went out
-nothing can be answered any more: the exception propagates and the server
-aborts the client's stream, which the client sees as a truncated response.
+nothing can be answered any more: the result says `cut`, the request path raises
+`ResponseCut` once its bookkeeping is done, and the server aborts the client's
+stream, which the client sees as a truncated response. That is logged here, one
+line with the upstream, the client and why, rate-limited: an upstream that dies
+takes every stream it carries with it, and a traceback each said nothing more.
 
 Deadline propagation: `x-request-timeout-ms` is the caller's *remaining* budget
 (wire contract), so a client's `x-request-timeout-ms` / `grpc-timeout` go
@@ -24,6 +27,7 @@ stream's tokens are counted as its SSE `data:` events.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -35,6 +39,10 @@ from proxy.core.decisions import Observed, Outcome
 from proxy.errors import UpstreamConnectError, UpstreamError
 from proxy.http import forward as fwd
 from proxy.http.messages import Headers, Request, ResponseSink, header_value
+from proxy.http.ratelog import RateLimitedLog
+
+log = logging.getLogger("rampmeter.upstream")
+_events = RateLimitedLog(log)
 
 _CONTENT_LENGTH = b"content-length"
 _USAGE_PARSE_MAX = 65_536
@@ -64,6 +72,7 @@ class Forwarded:
     service_ms: float | None = None
     observed: Observed | None = None
     reason: wire.Reason | None = None  # set when the sidecar answered for the upstream
+    cut: bool = False  # the response had started when the exchange failed: the client's stream must be aborted
 
 
 async def forward(
@@ -94,12 +103,12 @@ async def forward(
         return await _answer(sink, Outcome.REFUSED, wire.Reason.UPSTREAM_UNAVAILABLE, message)
     except UpstreamError as exc:
         if sink.headers_sent:
-            raise
+            return _cut(upstream, request, str(exc), started)
         message = f"upstream {upstream} failed: {exc}"
         return await _answer(sink, Outcome.ERROR, wire.Reason.UPSTREAM_UNAVAILABLE, message)
     except trio.TooSlowError:
         if sink.headers_sent:
-            raise
+            return _cut(upstream, request, f"took longer than {timeout_s:g}s", started)
         message = f"upstream {upstream} took longer than {timeout_s:g}s"
         return await _answer(sink, Outcome.DROPPED, wire.Reason.UPSTREAM_TIMEOUT, message)
     service_ms = (trio.current_time() - started) * 1000.0
@@ -123,6 +132,22 @@ def _restamp_budget(headers: Headers, remaining_s: float) -> None:
             headers[i] = (name, b"%d" % ms)
         elif name == _GRPC_TIMEOUT:
             headers[i] = (name, b"%dm" % min(ms, _GRPC_MAX_MS))
+
+
+def _cut(upstream: int, request: Request, why: str, started: float) -> Forwarded:
+    after_s = trio.current_time() - started
+    target = request.target[:200].decode("latin-1")
+    _events.event(
+        "upstream_failed_mid_response",
+        "upstream %d failed mid-response after %.1fs (%s); response to %s for %s %s cut",
+        upstream,
+        after_s,
+        why,
+        request.client or "?",
+        request.method.decode("latin-1"),
+        target,
+    )
+    return Forwarded(Outcome.ERROR, 0, cut=True)
 
 
 async def _answer(sink: ResponseSink, outcome: Outcome, reason: wire.Reason, message: str) -> Forwarded:

@@ -8,9 +8,13 @@ watched name never changes but what it resolves to does; inotify on the name
 would miss it, a stat through the links does not. Content hashing makes a touch
 without change a no-op.
 
-A new policy is built whole by `load_policy`; only if it is valid is `apply`
+A new policy is built whole by `parse_policy_file`; only if it is valid is `apply`
 called with it. A broken file keeps the old policy in force, logs the error once
-per distinct content, and counts `policy_reloads_total{result="error"}`.
+per distinct content, and counts `policy_reloads_total{result="error"}`. A file
+that sets nothing (empty, whitespace or comments only: what a truncated write or a
+non-atomic editor save shows in between) is such a broken file, never "all defaults".
+Command-line overrides are the app's business (`App.apply_policy` compares file
+with file and keeps the restart-only values running), so `apply` gets the file as written.
 No third-party watcher: watchfiles/watchdog bring threads and native code for
 what a 1 s stat does here, and neither follows ConfigMap symlink swaps by name.
 """
@@ -27,7 +31,7 @@ from pathlib import Path
 import trio
 
 from proxy.errors import PolicyError
-from proxy.policy.load import parse_policy
+from proxy.policy.load import parse_policy_file
 from proxy.policy.schema import Policy
 
 log = logging.getLogger("rampmeter.policy")
@@ -108,7 +112,7 @@ class PolicyReloader:
             self._last_seen = sha
             return False
         try:
-            policy = parse_policy(data.decode("utf-8", errors="replace"), source=str(self.path))
+            policy = parse_policy_file(data.decode("utf-8", errors="replace"), source=str(self.path))
         except PolicyError as exc:
             return self._reject("; ".join(exc.errors), sha)
         self._last_seen = sha

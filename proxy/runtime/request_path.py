@@ -3,7 +3,8 @@
 Theory of operation: `RequestPath.__call__` is the data listener's handler and
 reads like the path itself:
 
-    read the bounded body -> classify (class, cost, tenant, one absolute deadline)
+    served path? (listen.served_paths, else 404) -> read the bounded body
+    -> classify (class, cost, tenant, one absolute deadline)
     -> dedup claim (leader / follower / replay) -> readiness -> shed check and
     admission queue (SJF with aging), waiting for a slot under the deadline ->
     forward upstream with the remaining budget -> stream the response back ->
@@ -35,21 +36,30 @@ import trio
 from proxy.core import deadline as dl
 from proxy.core import wire
 from proxy.core.decisions import Outcome, Reject, Ticket
+from proxy.core.served_paths import ServedPaths
+from proxy.errors import ResponseCut
 from proxy.http.messages import Request, ResponseSink
+from proxy.http.ratelog import RateLimitedLog
 from proxy.runtime import relay
 from proxy.runtime.classify import classify
 from proxy.runtime.dedup import Follower, Leader, Replay
 from proxy.runtime.sinks import RecordingSink, TeeSink, play
 
 log = logging.getLogger("rampmeter.request")
+_events = RateLimitedLog(log)
 
 _QUEUE_MS = wire.QUEUE_MS.encode()
 _HINT_MS = wire.TIMEOUT_HINT_MS.encode()
 _FAILED = (Outcome.ERROR, Outcome.REFUSED)
+_JSON = [(b"content-type", b"application/json")]
+_NOT_SERVED = (
+    b'{"error": {"type": "invalid_request_error", "code": "not_found", '
+    b'"message": "this path is not served here (listen.served_paths)"}}'
+)
 _TOO_LATE = Reject(wire.Reason.DEADLINE_EXPIRED, None, "the deadline no longer covers the expected service time")
 
 
-class ResponseAborted(Exception):
+class ResponseAborted(ResponseCut):
     """The response had started when the deadline passed: the client's stream is cut."""
 
 
@@ -63,9 +73,17 @@ class RequestPath:
         self._rejections: dict[tuple[str, wire.Reason], object] = {}
         self._goodput: dict[str, object] = {}
         self._goodput_metric = metrics.goodput
+        self._listen = app.policy.listen
+        self._served = ServedPaths(self._listen.served_paths)
 
     async def __call__(self, request: Request, sink: ResponseSink) -> None:
         app = self.app
+        if app.policy.listen is not self._listen:
+            self._listen = app.policy.listen
+            self._served = ServedPaths(self._listen.served_paths)
+        if not self._served.allows(request.path):
+            await sink.respond(404, _JSON, _NOT_SERVED)  # listen.served_paths: not the model's to answer
+            return
         body = await request.body.read_all()
         try:
             ticket = classify(request, body, trio.current_time(), app.scheduler, app.policy)
@@ -131,6 +149,12 @@ class RequestPath:
             await self.reject(sink, refusal, ticket.klass)
         elif deadline.cancelled_caught:
             if sink.headers_sent:
+                _events.event(
+                    "deadline_mid_response",
+                    "deadline passed while streaming the response to %s for %r; cut",
+                    request.client or "?",
+                    request,
+                )
                 raise ResponseAborted("deadline passed while the response was streaming")
             expired = Reject(wire.Reason.DEADLINE_EXPIRED, None, "the request's deadline passed")
             await self.reject(sink, expired, ticket.klass)
@@ -159,6 +183,8 @@ class RequestPath:
         result = await relay.forward(app.pool, upstream, timeout_s, request, body, sink, extra, ticket.deadline)
         slot.done(result.outcome, result.service_ms, result.observed)
         app.lifecycles.report_result(upstream, result.outcome not in _FAILED)
+        if result.cut:
+            raise ResponseCut("the upstream failed mid-response")  # relay logged it
         done_at = trio.current_time()
         app.observatory.record(ticket, queue_ms, result.service_ms, done_at)
         if result.reason is not None:

@@ -15,6 +15,7 @@ content-length) and streams everything else as it arrives.
 from __future__ import annotations
 
 from proxy.core import dedup as events
+from proxy.errors import ResponseCut
 from proxy.http.messages import Headers, ResponseSink
 from proxy.runtime.dedup import failure_answer
 
@@ -74,8 +75,9 @@ class TeeSink:
         await self._client.end()
 
 
-class StreamAborted(Exception):
-    """The recorded response failed after its head went out: the client's stream is cut."""
+class StreamAborted(ResponseCut):
+    """The recorded response failed after its head went out: the client's stream is cut (no traceback:
+    the leader's failure was logged where it happened)."""
 
 
 async def play(source, sink: ResponseSink) -> None:

@@ -143,11 +143,14 @@ async def test_redis_killed_under_fail_open_serves_then_recovers(redis_server):
             assert (await collect(local.events))[-1] == core.END
             assert sample(ma, "dedup_store_errors_total", op="claim") >= 1
             assert sample(ma, "dedup_decisions_total", decision="fail_open") == 1
+            retry = await begin(a)  # kept locally: a retry reaching this replica replays
+            assert isinstance(retry, Replay) and retry.stored.status == 200
             redis_server.start()
             await trio.sleep(0.5)  # past store_retry_ms; pub/sub reconnects with backoff
-            leader = await begin(a, body=b"after")
+            after = [(b"idempotency-key", b"job-8"), (b"authorization", b"Bearer tenant-a")]
+            leader = await begin(a, after, body=b"after")
             assert isinstance(leader, Leader) and not leader.handle.degraded
-            follower = await begin(b, body=b"after")
+            follower = await begin(b, after, body=b"after")
             assert isinstance(follower, Follower) and follower.remote
             async with following(follower) as got:
                 leader.handle.record_head(200, [])

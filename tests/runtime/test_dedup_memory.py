@@ -6,6 +6,7 @@ import trio
 
 from proxy.core import dedup as core
 from proxy.runtime.dedup import MemoryStore
+from proxy.runtime.dedup.memory import held_bytes
 from proxy.runtime.metrics import Metrics
 
 
@@ -40,17 +41,19 @@ async def test_completed_responses_expire_after_their_ttl(autojump_clock):
 
 
 async def test_memory_cap_evicts_the_least_recently_used(autojump_clock):
+    # The cap counts what an entry holds (held_bytes), not its response bytes: two fit, three do not.
+    one = held_bytes("a", core.Record(core.State.COMPLETE, "fp", "tok-a", stored("fp", 100)))
     metrics = Metrics()
-    store = MemoryStore(250, metrics=metrics)
+    store = MemoryStore(int(2.5 * one), metrics=metrics)
     await put(store, "a", 100)
     await put(store, "b", 100)
     assert await store.get("a") is not None  # a replay makes "a" recently used
-    await put(store, "c", 100)  # 300 > 250: the least recently used ("b") goes
+    await put(store, "c", 100)  # 3 entries > the cap: the least recently used ("b") goes
     assert await store.get("b") is None
     assert await store.get("a") is not None and await store.get("c") is not None
-    assert store.statistics()["bytes"] == 200
+    assert store.statistics()["bytes"] == 2 * one
     assert sample(metrics, "dedup_evictions_total", cause="lru") == 1
-    assert sample(metrics, "dedup_stored_bytes") == 200
+    assert sample(metrics, "dedup_stored_bytes") == 2 * one
 
 
 async def test_claims_lapse_without_refresh_and_only_the_owner_settles(autojump_clock):

@@ -198,10 +198,13 @@ async def test_the_sweep_frees_expired_entries_nobody_asks_for(autojump_clock):
 
 
 async def test_the_byte_cap_evicts_the_least_recently_used(autojump_clock):
-    # Each response is 100 body bytes + 22 header bytes: two fit in 250.
-    a, _, store, ma, _ = replicas(max_memory_bytes=250)
-    for name in ("k1", "k2"):
-        await completed(a, headers=key(name), answer=b"x" * 100)
+    # The budget counts what an entry holds (held_bytes; all entries here hold the same): two fit.
+    a, _, store, ma, _ = replicas()
+    await completed(a, headers=key("k1"), answer=b"x" * 100)
+    one = a.statistics()["replay_cache"]["bytes"]
+    assert one > 122  # more than the response's 100 body + 22 header bytes
+    a.policy = DedupPolicy(store="redis", max_memory_bytes=int(2.5 * one))
+    await completed(a, headers=key("k2"), answer=b"x" * 100)
     assert isinstance(await begin(a, headers=key("k1")), Replay)  # k1 is now the most recently used
     await completed(a, headers=key("k3"), answer=b"x" * 100)  # pushes out k2
     claims = store.calls["claim"]
@@ -210,8 +213,8 @@ async def test_the_byte_cap_evicts_the_least_recently_used(autojump_clock):
     assert store.calls["claim"] == claims
     assert isinstance(await begin(a, headers=key("k2")), Replay) and store.calls["claim"] == claims + 1
     assert sample(ma, "dedup_replay_cache_evictions_total", cause="lru") == 1
-    assert a.statistics()["replay_cache"]["bytes"] == 244
-    await completed(a, headers=key("big"), answer=b"x" * 300)  # larger than the budget: not kept at all
+    assert a.statistics()["replay_cache"]["bytes"] == 2 * one
+    await completed(a, headers=key("big"), answer=b"x" * 3 * one)  # larger than the budget: not kept at all
     assert isinstance(await begin(a, headers=key("big")), Replay) and store.calls["claim"] == claims + 3
     a.policy = DedupPolicy(store="redis", max_memory_bytes=0)  # a reload to 0 drops everything
     assert a.statistics()["replay_cache"]["entries"] == 0

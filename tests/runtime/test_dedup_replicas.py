@@ -149,7 +149,11 @@ async def test_fail_open_serves_and_still_coalesces_locally_and_logs_once(autoju
     assert len(outage_lines) == 1 and "order-42" not in caplog.text
     store.down = False
     await trio.sleep(0.2)
-    assert isinstance(await begin(dedup, headers=KEY), Leader)  # nothing was stored while degraded
+    # Nothing reached the store while degraded, but this replica kept the response: its retry replays.
+    assert isinstance(await begin(dedup, headers=KEY), Replay)
+    ident = dedup.identify(b"POST", b"/v1/chat/completions", KEY, b"{}")
+    assert await store.get(ident.scope) is None
+    assert isinstance(await begin(dedup, headers=[(b"idempotency-key", b"k3")]), Leader)  # the store again
     assert "reachable again" in caplog.text
 
 

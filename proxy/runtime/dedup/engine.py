@@ -23,7 +23,9 @@ With a store that is not in process (Redis), completed records this replica
 sees (its own leader's, or one a remote follower read) are kept in a
 `ReplayCache` (replay_cache.py, which argues why a kept record is always the
 store's current one) until the earliest moment the store's copy can expire;
-`begin()` answers a kept scope from it, without a store call.
+`begin()` answers a kept scope from it, without a store call. So are the
+responses of fail_open leaders while the store is unreachable (`_keep_local`):
+retries that reach this replica during an outage replay instead of running again.
 """
 
 from __future__ import annotations
@@ -202,7 +204,7 @@ class Dedup:
         label = verdict.value
         try:
             if handle.degraded:
-                pass
+                self._keep_local(flight, verdict)
             elif self._store.in_process:  # never suspends: nothing for a cancel to interrupt
                 label = label if await self._settle_store(flight, verdict, reason) else "lost"
             else:
@@ -233,6 +235,18 @@ class Dedup:
             return True
         except StoreUnavailable:
             return verdict is not core.Verdict.STORED  # an unreleased claim lapses with its lease
+
+    def _keep_local(self, flight: Recording, verdict: core.Verdict) -> None:
+        """A fail_open leader's response (the store was unreachable): kept in this replica's replay cache.
+
+        The store holds nothing for the scope, so only retries that reach this replica can
+        replay it; without it every retry during an outage ran again here too. Another
+        replica may run the key again and keep its own response: fail_open's bargain,
+        narrowed to "once per replica" (see replay_cache.py).
+        """
+        if verdict is core.Verdict.STORED:
+            record = core.Record(core.State.COMPLETE, flight.fingerprint, "", flight.stored())
+            self._remember(flight.scope, record, self._clock())
 
     def _remember(self, scope: str, record: core.Record, written_after: float) -> None:
         """Keep a complete record the store wrote at or after `written_after`, for as long as it surely keeps it."""

@@ -11,12 +11,21 @@ checks expiry itself, so a TTL change only delays freeing, never a wrong replay.
 Claims have leases like Redis's, so two engines sharing one MemoryStore behave
 like two replicas sharing Redis (the runtime tests rely on it). Settling notifies
 in-process watchers. Time comes from the injected clock (trio's by default).
+
+What `max_memory_bytes` counts (here and in the replay cache): the memory an entry
+really holds (`held_bytes`), not the bytes of its response. A kept response is a
+tree of Python objects (the scope and fingerprint strings, a record, a list of
+chunks each a `bytes` with 33 bytes of header, header tuples), plus its slots in
+the tables; counting response bytes alone undercounted real memory 2x for a
+streamed answer (one small `bytes` per SSE event) and ~4x for a 400-byte JSON one.
+`tests/security/test_dedup_memory.py` checks the count against tracemalloc.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from sys import getsizeof
 from typing import Any
 
 import trio
@@ -26,6 +35,23 @@ from proxy.runtime.dedup.store import Signal, Signals
 from proxy.runtime.metrics import Metrics
 
 SWEEP_INTERVAL_S = 1.0
+# Per entry beyond its own objects: its hash-table entries and order links in the store's
+# two ordered dicts (or the cache's dict and heap item), the expiry float. Measured with
+# tracemalloc at 270-290 bytes on CPython 3.11; rounded up for the slack of a growing dict.
+ENTRY_OVERHEAD_BYTES = 320
+
+
+def held_bytes(scope: str, record: Record) -> int:
+    """What keeping `record` under `scope` holds in this process: CPython object sizes, plus the table slots."""
+    stored = record.stored
+    assert stored is not None
+    size = ENTRY_OVERHEAD_BYTES + getsizeof(scope) + getsizeof(record) + getsizeof(stored)
+    size += getsizeof(stored.fingerprint) + (
+        0 if record.fingerprint is stored.fingerprint else getsizeof(record.fingerprint)
+    )
+    size += getsizeof(record.owner) if record.owner else 0
+    size += getsizeof(stored.headers) + sum(getsizeof(h) + getsizeof(h[0]) + getsizeof(h[1]) for h in stored.headers)
+    return size + getsizeof(stored.chunks) + sum(map(getsizeof, stored.chunks))
 
 
 class _Claim:
@@ -37,7 +63,7 @@ class _Claim:
 
 
 class Kept:
-    """A complete record kept in memory until `expires_at`, and its bytes (also replay_cache.py's entry)."""
+    """A complete record kept in memory until `expires_at`, and what it holds (`held_bytes`; also replay_cache.py's entry)."""
 
     __slots__ = ("expires_at", "record", "size")
 
@@ -94,7 +120,7 @@ class MemoryStore(Swept):
         del self._claims[scope]
         now = self._clock()
         record = Record(advance(State.IN_FLIGHT, Step.STORE), fingerprint, token, stored)
-        size = stored.size
+        size = held_bytes(scope, record)
         if scope in self._done:  # unreachable while claims are exclusive; keeps the byte count honest
             self._drop(scope, Step.EVICT)
         self._done[scope] = Kept(record, now + ttl_s, size)

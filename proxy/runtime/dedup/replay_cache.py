@@ -5,9 +5,9 @@ Theory of operation: with the Redis store every replay costs a claim round trip
 ends, so the engine keeps each completed record it has seen here, keyed by
 scope, and answers later requests for that scope (a replay, or 422 for another
 payload: `core.decide` on the kept record) without calling the store. Entries
-sit in an OrderedDict in least-recently-used order, bounded by the bytes of
-their responses (`Stored.size`, the same measure the memory store caps); a
-response larger than the whole budget is not kept. Each entry carries
+sit in an OrderedDict in least-recently-used order, bounded by the memory they
+hold (`memory.held_bytes`, the same measure the memory store caps); a response
+larger than the whole budget is not kept. Each entry carries
 `expires_at` and is never returned at or after it (checked on every read); a
 heap in expiry order lets `sweep()` (every SWEEP_INTERVAL_S in `run()`) free
 expired entries in O(expired log n). The heap is rebuilt when stale items
@@ -30,7 +30,16 @@ invariant; the engine only calls `put` where it holds):
      it for ttl_s from its write (`keep_until`: whole milliseconds, as Redis's
      PX, less CLOCK_MARGIN in case the store's clock runs faster than ours).
 Hence, until `expires_at`, the store holds exactly the kept record for the
-scope: no other completed record can be current there. A record a claim finds
+scope: no other completed record can be current there.
+
+One exception, on purpose: while the store is unreachable and on_store_error is
+fail_open, a leader here runs without a claim, and its response is kept for ttl_s
+from its completion (engine `_keep_local`) although the store holds nothing for
+the scope. Retries that reach this replica during (and after) the outage replay
+it instead of running again; another replica, or this one's key after an LRU
+eviction, may still run it once more and keep its own response. That is the
+bargain fail_open already makes (no cross-replica dedup while the store is away),
+narrowed from "every retry runs" to "at most once per replica". A record a claim finds
 already complete was written at an unknown time, so its expiry is unknown and
 it is not kept (a store that reported the remaining TTL would allow it).
 Assumed: replicas sharing key_prefix run one ttl_s (one policy), and Redis
@@ -55,7 +64,7 @@ from typing import Any
 import trio
 
 from proxy.core.dedup import Record, State
-from proxy.runtime.dedup.memory import Kept, Swept
+from proxy.runtime.dedup.memory import Kept, Swept, held_bytes
 from proxy.runtime.metrics import Metrics
 
 # Redis on another machine counts its TTL on its own clock: give up 0.1% of the TTL (3.6 s of
@@ -114,7 +123,7 @@ class ReplayCache(Swept):
             raise ValueError("only complete records are kept for replay")
         if scope in self._entries:  # a newer sighting of the scope replaces the older one, kept or not
             self._drop(scope, None)
-        size = record.stored.size
+        size = held_bytes(scope, record)
         if size > self._max_bytes or expires_at <= self._clock():
             return False
         entry = self._entries[scope] = Kept(record, expires_at, size)
