@@ -15,14 +15,35 @@ import sys
 
 from proxy import build, logs
 
-# (name, module, one-line help, default log level). Modules are imported when the parser is built.
-# Only the sidecar logs at info by default; the other commands print their own reports.
-COMMANDS: list[tuple[str, str, str, str]] = [
-    ("serve", "proxy.serve", "run the sidecar in front of a model server", "info"),
-    ("policy", "proxy.policy.cli", "check a policy file, or print its JSON Schema", "warning"),
-    ("sim-pod", "proxy.testing.simpod.cli", "run the simulated GPU inference pod", "warning"),
-    ("loadtest", "proxy.loadtest.cli", "drive load at a URL and report latency, goodput and the knee", "warning"),
+# (name, module, one-line help, default log level, the pyproject extra it needs). Modules are
+# imported when the parser is built. Only the sidecar logs at info by default; the other
+# commands print their own reports.
+COMMANDS: list[tuple[str, str, str, str, str]] = [
+    ("serve", "proxy.serve", "run the sidecar in front of a model server", "info", "sidecar"),
+    ("policy", "proxy.policy.cli", "check a policy file, or print its JSON Schema", "warning", "sidecar"),
+    ("sim-pod", "proxy.testing.simpod.cli", "run the simulated GPU inference pod", "warning", "sidecar"),
+    (
+        "loadtest",
+        "proxy.loadtest.cli",
+        "drive load at a URL and report latency, goodput and the knee",
+        "warning",
+        "loadtest",
+    ),
 ]
+
+
+def _missing_extra(name: str, extra: str, missing: str):
+    """`run` for a command whose extra is not installed: `pip install rampmeter` is the SDK alone."""
+
+    def run(args) -> int:
+        print(
+            f"rampmeter {name} needs the '{extra}' extra ({missing} is not installed): "
+            f"pip install 'rampmeter[{extra}]'",
+            file=sys.stderr,
+        )
+        return 2
+
+    return run
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -42,8 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=build.describe())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, module_name, help_text, log_level in COMMANDS:
-        module = importlib.import_module(module_name)
+    for name, module_name, help_text, log_level, extra in COMMANDS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").split(".")[0] == "proxy":
+                raise  # our own module is missing: a bug, not an extra
+            needs = f"needs rampmeter[{extra}]"
+            # Takes any arguments (no option parsing: prefix_chars matches nothing) and says what to install.
+            p = sub.add_parser(name, help=f"{help_text} ({needs})", add_help=False, prefix_chars="\0")
+            p.add_argument("ignored", nargs="*")
+            p.set_defaults(_run=_missing_extra(name, extra, exc.name or "a dependency"), log_level="warning")
+            p.set_defaults(log_format="text")
+            continue
         p = sub.add_parser(
             name,
             help=help_text,

@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 import httpx
 import pytest
 import yaml
+from packaging.requirements import Requirement
 
 from proxy.policy.load import load_policy
 from proxy.policy.schema import Admin, Listen
@@ -83,6 +84,22 @@ def test_image_command_is_the_documented_serve_line_with_default_ports():
     exposed = {int(p) for op, args in final_stage() if op == "EXPOSE" for p in args.split()}
     assert exposed == {8080, 9090}
     assert shlex.join(argv) in (ROOT / "docs" / "deployment.md").read_text()
+
+
+def test_image_installs_only_what_serve_needs():
+    # `pip install rampmeter` is the client SDK alone (pyproject.toml); the image adds the
+    # sidecar and Redis (a mounted policy may set dedup.store = "redis"), never plots or the
+    # load tester. The wheel step must build the same extras the install step asks for.
+    runs = [args for op, args in dockerfile() if op == "RUN"]
+    wheel = [r for r in runs if r.startswith("pip wheel")]
+    install = [r for r in runs if r.startswith("pip install")]
+    assert len(wheel) == 1 and len(install) == 1
+    assert "'.[sidecar,redis]'" in wheel[0].split()
+    assert "'rampmeter[sidecar,redis]'" in install[0].split() and "--no-index" in install[0].split()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {"sidecar", "redis"} <= set(extras)
+    image = {Requirement(text).name for text in extras["sidecar"] + extras["redis"]}
+    assert not image & {"matplotlib", "rich", "rampmeter"}  # no plots, no load tester, no extra pulling them in
 
 
 def test_copied_sources_exist_and_are_not_docker_ignored():

@@ -36,7 +36,6 @@ from proxy.runtime.dedup.outcomes import (
     StoreDown,
     failure_answer,
 )
-from proxy.runtime.dedup.redis import RedisStore
 from proxy.runtime.dedup.store import Store, StoreUnavailable
 from proxy.runtime.metrics import Metrics
 
@@ -60,9 +59,24 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str):
+    # RedisStore needs coredis, the `redis` extra: imported only when a policy asks for Redis.
+    if name == "RedisStore":
+        from proxy.runtime.dedup.redis import RedisStore
+
+        return RedisStore
+    raise AttributeError(name)
+
+
 def build_store(
     policy: DedupPolicy, metrics: Metrics | None = None, clock: Callable[[], float] = trio.current_time
 ) -> Store:
     if policy.store == "redis":
+        try:
+            from proxy.runtime.dedup.redis import RedisStore
+        except ModuleNotFoundError as exc:
+            raise RuntimeError(
+                f"dedup.store = 'redis' needs {exc.name}: pip install 'rampmeter[sidecar,redis]'"
+            ) from exc
         return RedisStore(policy.redis_url, policy.key_prefix)
     return MemoryStore(policy.max_memory_bytes, metrics=metrics, clock=clock)
