@@ -27,6 +27,9 @@ IDEMPOTENT_REPLAYED = "idempotent-replayed"
 RETRY_AFTER = "retry-after"
 RETRY_AFTER_MS = "x-rampmeter-retry-after-ms"
 REASON = "x-rampmeter-reason"
+TIMEOUT_HINT_KEY = "x-rampmeter-timeout-hint-key"  # opaque: what kind of request the hint is for
+RETRY_AFTER_MS_PLAIN = "retry-after-ms"  # for plain (OpenAI SDK) clients; same value as RETRY_AFTER_MS
+SHOULD_RETRY = "x-should-retry"  # for plain clients: "true" / "false"
 
 REQUEST_HEADERS = (PRIORITY, REQUEST_TIMEOUT_MS, GRPC_TIMEOUT, IDEMPOTENCY_KEY, COST_HINT, TENANT)
 RESPONSE_HEADERS = (
@@ -36,6 +39,9 @@ RESPONSE_HEADERS = (
     RETRY_AFTER,
     RETRY_AFTER_MS,
     REASON,
+    TIMEOUT_HINT_KEY,
+    RETRY_AFTER_MS_PLAIN,
+    SHOULD_RETRY,
 )
 
 # `error.type` in the OpenAI-style JSON body of a sidecar-made answer.

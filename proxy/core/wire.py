@@ -31,9 +31,27 @@ IDEMPOTENT_REPLAYED = "idempotent-replayed"
 RETRY_AFTER = "retry-after"
 RETRY_AFTER_MS = "x-rampmeter-retry-after-ms"
 REASON = "x-rampmeter-reason"
+# What the timeout hint is for: an opaque "route#cost bucket", the key the sidecar's
+# latency windows use, so a client applies a hint only to requests of the same kind.
+TIMEOUT_HINT_KEY = "x-rampmeter-timeout-hint-key"
+# For clients that know no rampmeter header: the OpenAI (Stainless) SDKs read both.
+# `retry-after-ms` carries the same jittered wait as x-rampmeter-retry-after-ms;
+# `x-should-retry` says whether retrying can succeed (see should_retry()).
+RETRY_AFTER_MS_PLAIN = "retry-after-ms"
+SHOULD_RETRY = "x-should-retry"
 
 REQUEST_HEADERS = (PRIORITY, REQUEST_TIMEOUT_MS, GRPC_TIMEOUT, IDEMPOTENCY_KEY, COST_HINT, TENANT)
-RESPONSE_HEADERS = (QUEUE_MS, TIMEOUT_HINT_MS, IDEMPOTENT_REPLAYED, RETRY_AFTER, RETRY_AFTER_MS, REASON)
+RESPONSE_HEADERS = (
+    QUEUE_MS,
+    TIMEOUT_HINT_MS,
+    IDEMPOTENT_REPLAYED,
+    RETRY_AFTER,
+    RETRY_AFTER_MS,
+    REASON,
+    TIMEOUT_HINT_KEY,
+    RETRY_AFTER_MS_PLAIN,
+    SHOULD_RETRY,
+)
 
 ERROR_TYPE = "rampmeter_rejected"
 MAX_IDEMPOTENCY_KEY_LEN = 255
@@ -94,6 +112,31 @@ RETRYABLE_REASONS = frozenset(
 )
 
 
+# No Retry-After on these says nothing about whether a retry helps: the model server refused
+# or timed out, and whether sending again is safe depends on the request's idempotency, which
+# the client knows. They get no x-should-retry; the client's own rule for 502/504 decides.
+_UPSTREAM_REASONS = frozenset({Reason.UPSTREAM_UNAVAILABLE, Reason.UPSTREAM_TIMEOUT})
+
+
+def should_retry(reason: Reason, retry_after_ms: int | None) -> bool | None:
+    """`x-should-retry` for a rejection: True, False, or None (send no header).
+
+    Retry-After is the sidecar's "come back then and it can work" (docs/rejections.md), so
+    a rejection with one is worth retrying. Without one, a retry as it stands cannot help:
+    deadline_unmeetable with no Retry-After (the service time alone exceeds the budget),
+    deadline_expired (the time is gone), bad_request and idempotency_key_reused (fix the
+    request). The upstream reasons are the client's call.
+    """
+    if retry_after_ms is not None:
+        return True
+    return None if reason in _UPSTREAM_REASONS else False
+
+
+def hint_key(route: str, cost_bucket: int) -> bytes:
+    """`x-rampmeter-timeout-hint-key` for a (route, cost bucket) latency key."""
+    return f"{route}#{cost_bucket}".encode("ascii", "backslashreplace")
+
+
 class HeaderError(ValueError):
     """A request header is malformed; the message names the header."""
 
@@ -114,6 +157,10 @@ class _ErrorBody(msgspec.Struct):
 
 
 _encode = msgspec.json.Encoder().encode
+_RETRY_AFTER = RETRY_AFTER.encode()
+_RETRY_AFTER_MS = RETRY_AFTER_MS.encode()
+_RETRY_AFTER_MS_PLAIN = RETRY_AFTER_MS_PLAIN.encode()
+_SHOULD_RETRY = SHOULD_RETRY.encode()
 
 
 def rejection(
@@ -127,8 +174,13 @@ def rejection(
     ]
     if retry_after_ms is not None:
         retry_after_s = max(1, math.ceil(retry_after_ms / 1000))
-        headers.append((RETRY_AFTER.encode(), str(retry_after_s).encode()))
-        headers.append((RETRY_AFTER_MS.encode(), str(int(retry_after_ms)).encode()))
+        exact = str(int(retry_after_ms)).encode()
+        headers.append((_RETRY_AFTER, str(retry_after_s).encode()))
+        headers.append((_RETRY_AFTER_MS, exact))
+        headers.append((_RETRY_AFTER_MS_PLAIN, exact))
+    verdict = should_retry(reason, retry_after_ms)
+    if verdict is not None:
+        headers.append((_SHOULD_RETRY, b"true" if verdict else b"false"))
     return STATUS_FOR_REASON[reason], headers, body
 
 

@@ -35,6 +35,7 @@ import trio
 
 from proxy.core import deadline as dl
 from proxy.core import wire
+from proxy.core.arrival import service_key
 from proxy.core.decisions import Outcome, Reject, Ticket
 from proxy.core.served_paths import ServedPaths
 from proxy.errors import ResponseCut
@@ -50,6 +51,7 @@ _events = RateLimitedLog(log)
 
 _QUEUE_MS = wire.QUEUE_MS.encode()
 _HINT_MS = wire.TIMEOUT_HINT_MS.encode()
+_HINT_KEY = wire.TIMEOUT_HINT_KEY.encode()
 _FAILED = (Outcome.ERROR, Outcome.REFUSED)
 _JSON = [(b"content-type", b"application/json")]
 _NOT_SERVED = (
@@ -177,7 +179,11 @@ class RequestPath:
             slot.done(Outcome.CANCELLED)
             return _TOO_LATE
         hint = app.observatory.timeout_hint_ms(ticket, now, service_ms + queue_ms)
-        extra = [(_QUEUE_MS, b"%d" % queue_ms), (_HINT_MS, b"%d" % hint)]
+        extra = [
+            (_QUEUE_MS, b"%d" % queue_ms),
+            (_HINT_MS, b"%d" % hint),
+            (_HINT_KEY, wire.hint_key(*service_key(ticket))),
+        ]
         upstream = slot.upstream
         timeout_s = app.policy.upstreams[upstream].timeout_s
         result = await relay.forward(app.pool, upstream, timeout_s, request, body, sink, extra, ticket.deadline)

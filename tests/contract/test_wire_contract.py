@@ -8,6 +8,7 @@ actually sends.
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from client_sdk import wire as sdk
@@ -28,6 +29,9 @@ HEADER_NAMES = (
     "RETRY_AFTER",
     "RETRY_AFTER_MS",
     "REASON",
+    "TIMEOUT_HINT_KEY",
+    "RETRY_AFTER_MS_PLAIN",
+    "SHOULD_RETRY",
 )
 
 
@@ -71,3 +75,38 @@ def test_the_sdk_reads_the_sidecars_rejection_as_the_contract_says(reason: proxy
     assert retried is (reason in proxy.RETRYABLE_REASONS)
     if reason is proxy.Reason.DEADLINE_EXPIRED:
         assert signal is Signal.DEADLINE_EXPIRED
+
+
+# --- plain clients: the OpenAI SDK's own retry code reads what rejection() sends ------------
+
+
+@pytest.fixture(scope="module")
+def openai_client():
+    import openai  # a dev dependency (make setup); only these tests need it
+    from openai._models import FinalRequestOptions
+
+    client = openai.OpenAI(api_key="unused", base_url="http://pod.test/v1")  # no request is sent
+    return client, FinalRequestOptions.construct(method="post", url="/chat/completions")
+
+
+def as_response(status: int, raw_headers: list[tuple[bytes, bytes]]) -> httpx.Response:
+    return httpx.Response(status, headers=[(k.decode(), v.decode()) for k, v in raw_headers])
+
+
+@pytest.mark.parametrize("reason", list(proxy.Reason), ids=[r.value for r in proxy.Reason])
+def test_the_openai_sdk_waits_the_exact_jittered_retry_after_and_retries(openai_client, reason) -> None:
+    client, options = openai_client
+    status, headers, _ = proxy.rejection(reason, "msg", retry_after_ms=2417)
+    response = as_response(status, headers)
+    assert client._should_retry(response) is True
+    # retry-after-ms, not the whole seconds of retry-after (3): the sidecar's jitter survives.
+    assert client._calculate_retry_timeout(2, options, response.headers) == pytest.approx(2.417)
+
+
+@pytest.mark.parametrize("reason", list(proxy.Reason), ids=[r.value for r in proxy.Reason])
+def test_the_openai_sdk_does_not_retry_what_a_retry_cannot_fix(openai_client, reason) -> None:
+    client, _ = openai_client
+    status, headers, _ = proxy.rejection(reason, "msg")
+    upstream = reason in (proxy.Reason.UPSTREAM_UNAVAILABLE, proxy.Reason.UPSTREAM_TIMEOUT)
+    # The upstream reasons carry no x-should-retry: the SDK's own rule (>= 500: retry) applies.
+    assert client._should_retry(as_response(status, headers)) is upstream

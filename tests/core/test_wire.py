@@ -27,6 +27,31 @@ def test_rejection_carries_reason_retry_after_and_openai_style_body():
     }
 
 
+@pytest.mark.parametrize("reason", list(wire.Reason), ids=[r.value for r in wire.Reason])
+def test_a_rejection_with_retry_after_tells_plain_clients_the_same_wait_and_to_retry(reason):
+    # The OpenAI (Stainless) SDKs read retry-after-ms before retry-after, and x-should-retry.
+    _, headers, _ = wire.rejection(reason, "", retry_after_ms=2417)
+    h = dict(headers)
+    assert h[b"retry-after-ms"] == h[b"x-rampmeter-retry-after-ms"] == b"2417"
+    assert h[b"x-should-retry"] == b"true"
+
+
+@pytest.mark.parametrize("reason", list(wire.Reason), ids=[r.value for r in wire.Reason])
+def test_a_rejection_without_retry_after_says_a_retry_cannot_help_except_upstream_ones(reason):
+    _, headers, _ = wire.rejection(reason, "")
+    h = dict(headers)
+    assert b"retry-after" not in h and b"retry-after-ms" not in h
+    if reason in (wire.Reason.UPSTREAM_UNAVAILABLE, wire.Reason.UPSTREAM_TIMEOUT):
+        assert b"x-should-retry" not in h  # the client's own 502/504 rule: it knows if the request is idempotent
+    else:
+        assert h[b"x-should-retry"] == b"false"
+
+
+def test_the_hint_key_names_the_route_and_cost_bucket():
+    assert wire.hint_key("/v1/chat/completions", 9) == b"/v1/chat/completions#9"
+    assert wire.hint_key("/v1/caf\xe9", 0) == b"/v1/caf\\xe9#0"  # never a non-ASCII header byte
+
+
 def test_tenant_quota_is_429_and_expiry_504():
     assert wire.rejection(wire.Reason.TENANT_QUOTA, "")[0] == 429
     assert wire.rejection(wire.Reason.DEADLINE_EXPIRED, "")[0] == 504
