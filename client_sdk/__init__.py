@@ -10,8 +10,9 @@ the server keeps rejecting (adaptive throttling), so a slow pod is helped to
 recover rather than buried by a retry storm. Works with or without the
 rampmeter sidecar in front; with it, the SDK reads its reasons and hints.
 
-Imports neither the sidecar (`proxy`), trio nor h2 (a test checks it). See
-docs/client-sdk.md.
+Imports neither the sidecar (`proxy`), trio nor h2, and needs only httpx,
+tenacity and anyio: `pip install rampmeter` (tests/client_sdk/test_install.py
+checks both). See docs/client-sdk.md.
 """
 
 from client_sdk.backoff import Backoff
@@ -22,6 +23,7 @@ from client_sdk.engine import ClientStatistics, Engine
 from client_sdk.errors import (
     ConnectFailed,
     DeadlineExceeded,
+    DeadlineUnmeetable,
     Overloaded,
     RampmeterClientError,
     Rejected,
@@ -47,6 +49,7 @@ __all__ = [
     "ClientStatistics",
     "ConnectFailed",
     "DeadlineExceeded",
+    "DeadlineUnmeetable",
     "Engine",
     "Hooks",
     "HostStatistics",

@@ -79,6 +79,11 @@ class RetryBudget:
         self._refusals += 1
         return False
 
+    def refund(self) -> None:
+        """Give back a token `try_withdraw` granted for a retry that did not happen."""
+        self._tokens = min(self.max_tokens, self._tokens + 1.0)
+        self._grants -= 1
+
     def tokens(self, now: float) -> float:
         self._refill(now)
         return self._tokens

@@ -35,8 +35,10 @@ class Call:
         "host",
         "id",
         "keyed",
+        "kind",
         "method",
         "replayable",
+        "reserved",
         "signal",
         "started",
         "stop",
@@ -50,6 +52,7 @@ class Call:
         deadline: float | None,
         keyed: bool,
         started: float,
+        kind: str = "",
     ) -> None:
         self.id = call_id
         self.host = host
@@ -63,7 +66,9 @@ class Call:
         self.attempts = 0
         self.signal = Signal.LOCAL_FAILURE
         self.floor_s = 0.0  # the server's requested wait after the last attempt
-        self.hint_s: float | None = None  # the host's hint, when it alone bounded this attempt
+        self.kind = kind  # what kind of request, for timeout hints (client_sdk.kinds)
+        self.hint_s: float | None = None  # the hint that bounded this attempt (no deadline set)
+        self.reserved = False  # a retry token taken before an attempt the hint may cut
         self.stop: Stop | None = None
 
     def __repr__(self) -> str:

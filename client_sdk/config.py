@@ -46,6 +46,10 @@ class RetryConfig:
     """SRE adaptive-throttle K (2): refuse locally once rejections pass 1 - 1/K of calls."""
     throttle_window_s: float = 60.0
     """Sliding window of the adaptive throttle (60 s)."""
+    throttle_min_requests: int = 20
+    """The throttle refuses nothing until this many attempts were sent in its window (20)."""
+    throttle_max_probability: float = 0.9
+    """The most calls the throttle refuses (0.9): one in ten still tests the server."""
     deadline_s: float | None = None
     """Default total deadline per call, retries and waits included (None: none)."""
     auto_idempotency_key: bool = True
@@ -63,6 +67,8 @@ class RetryConfig:
             problems.append("budget_ratio >= 0, budget_floor_per_s >= 0, budget_max_tokens >= 1")
         if self.throttle_k < 1 or self.throttle_window_s <= 0:
             problems.append("throttle_k >= 1, throttle_window_s > 0")
+        if self.throttle_min_requests < 0 or not 0 <= self.throttle_max_probability <= 1:
+            problems.append("throttle_min_requests >= 0, 0 <= throttle_max_probability <= 1")
         if self.deadline_s is not None and self.deadline_s <= 0:
             problems.append("deadline_s > 0 or None")
         if problems:

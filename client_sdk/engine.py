@@ -4,11 +4,13 @@ Theory of operation: one logical call is a `Call`. The transports (thin shells
 in `client_sdk.transport`) drive it with tenacity, and tenacity's hooks are
 this engine's methods, so sync and async make identical decisions:
 
-    begin()          throttle check, budget deposit, headers, idempotency key, deadline
+    begin()          throttle check, budget deposit, headers, idempotency key, deadline,
+                     the request's kind (client_sdk.kinds)
     before_attempt() x-request-timeout-ms = remaining budget; per-attempt timeout =
-                     min(remaining, the host's last timeout hint)
-    after_attempt()  classify the outcome (Signal), feed the throttle and the hint
-                     (a read timeout the hint caused doubles the hint: it was stale)
+                     the remaining budget, or, when the caller set no deadline, the
+                     hint for this kind of request if a cut can be followed by a retry
+    after_attempt()  classify the outcome (Signal), feed the throttle (signals.THROTTLE)
+                     and the hints (a read timeout the hint caused doubles the hint)
     retry(rs)        tenacity `retry=`: is another attempt *safe*? (client_sdk.rules)
     wait(rs)         tenacity `wait=`: backoff with full jitter above Retry-After
     stop(rs)         tenacity `stop=`: can we *afford* it? attempts, wait cap,
@@ -45,8 +47,9 @@ from client_sdk.config import DEFAULT_OPTIONS, EXTENSION, CallOptions, RetryConf
 from client_sdk.errors import DeadlineExceeded, RetryBudgetExhausted, ThrottledLocally
 from client_sdk.events import NULL_HOOKS, AttemptInfo, CallSummary, Hooks, RetryInfo, Stop
 from client_sdk.hosts import HostStatistics, HostTable, host_key
+from client_sdk.kinds import request_kind
 from client_sdk.rules import may_retry
-from client_sdk.signals import ACCEPTED, Signal
+from client_sdk.signals import THROTTLE, Signal, Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,20 +93,22 @@ class Engine:
         opts: CallOptions = request.extensions.get(EXTENSION) or DEFAULT_OPTIONS
         host = host_key(request.url)
         now = self._last_now = self.clock()
+        last_failure = None
         with self._lock:
             self._calls += 1
             admission = self._hosts.admit(host, now, self.rng)
             if not admission.admitted:
                 self._throttled += 1
+                last_failure = self._hosts.get(host).last_failure
         if not admission.admitted:
             self.hooks.on_throttled(host, admission.probability)
-            raise ThrottledLocally(host, admission.probability, request=request)
+            raise ThrottledLocally(host, admission.probability, last_reason=last_failure, request=request)
         for name, value in opts.headers():
             request.headers.setdefault(name, value)
         keyed = ensure_idempotency_key(request, opts, self.config.auto_idempotency_key, self.key_factory)
         budget_s = opts.deadline_s or signals.caller_timeout_s(request.headers) or self.config.deadline_s
         deadline = now + budget_s if budget_s is not None else None
-        return Call(next(self._ids), host, request, deadline, keyed, now)
+        return Call(next(self._ids), host, request, deadline, keyed, now, request_kind(request))
 
     def before_attempt(self, call: Call, request: httpx.Request) -> float | None:
         """Stamp the remaining budget on the request; returns it (seconds) or None."""
@@ -120,21 +125,38 @@ class Engine:
                     attempts=call.attempts - 1,
                 )
             request.headers[wire.REQUEST_TIMEOUT_MS] = str(remaining_ms)
-        hint = self._hosts.get(call.host).timeout_hint_s
-        limits = [t for t in (remaining, hint) if t is not None]
-        timeout = min(limits) if limits else None
+        timeout = remaining
         call.hint_s = None
+        if call.deadline is None:
+            call.hint_s = self._hint_for(call)
+            if call.hint_s is not None:
+                timeout = call.hint_s
         if timeout is not None:
             request.extensions["timeout"] = call.attempt_timeouts(timeout)
-            caller_read = call.base_timeout.get("read")
-            if (
-                hint == timeout
-                and (remaining is None or hint < remaining)
-                and (caller_read is None or hint < caller_read)
-            ):
-                call.hint_s = hint  # the hint, not the deadline or the caller, cuts this attempt
+        elif call.attempts > 1:  # uncapped now: undo the previous attempt's cap
+            request.extensions["timeout"] = dict(call.base_timeout)
         self.hooks.on_attempt(AttemptInfo(call.id, call.host, call.method, call.attempts, timeout))
         return remaining
+
+    def _hint_for(self, call: Call) -> float | None:
+        """The hint that may cut this attempt (no deadline set), with its retry paid up front; or None."""
+        if call.attempts >= self.config.max_attempts:
+            return None  # the last attempt: nothing could follow a cut
+        if not may_retry(Signal.READ_TIMEOUT, method=call.method, keyed=call.keyed, replayable=call.replayable):
+            return None
+        now = self.clock()
+        with self._lock:
+            state = self._hosts.get(call.host)
+            hint = state.hints.get(call.kind)
+            caller_read = call.base_timeout.get("read")
+            if hint is None or (caller_read is not None and hint >= caller_read):
+                return None  # no hint for this kind, or the caller's own timeout comes first
+            if not call.reserved:
+                if state.budget.tokens(now) < 1.0:
+                    return None  # a cut the budget could not pay a retry for would fail the call
+                state.budget.try_withdraw(now)
+                call.reserved = True
+        return hint
 
     def after_attempt(self, call: Call, response: httpx.Response | None, exc: BaseException | None) -> None:
         if response is not None:
@@ -145,25 +167,35 @@ class Engine:
                 floor = signals.retry_after_s(response.headers, self.wall_clock())
             call.floor_s = floor or 0.0
             hint = signals.timeout_hint_s(response.headers)
+            hint_key = signals.timeout_hint_key(response.headers) if hint is not None else ""
         else:
             call.signal = signals.classify_exception(exc) if exc is not None else Signal.LOCAL_FAILURE
             call.floor_s = 0.0
-            hint = None
+            hint, hint_key = None, ""
+        verdict = THROTTLE[call.signal]
+        cut_by_hint = call.signal is Signal.READ_TIMEOUT and call.hint_s is not None
         now = self.clock()
         with self._lock:
             self._attempts += 1
             state = self._hosts.get(call.host)
-            state.throttle.record(now, call.signal in ACCEPTED)
+            if verdict is not Verdict.NEUTRAL:
+                state.throttle.record(now, verdict is Verdict.ACCEPT)
+            if verdict is Verdict.FAILURE:
+                status = response.status_code if response is not None else None
+                headers = response.headers if response is not None else None
+                state.last_failure = signals.failure_name(status, headers, exc)
             if hint is not None:
-                state.timeout_hint_s = hint
-            elif call.signal is Signal.READ_TIMEOUT and call.hint_s is not None:
+                state.hints.learn(call.kind, hint_key, hint)
+            elif cut_by_hint:
                 # The hint cut this attempt off: the server got slower than the p99 the
                 # hint came from. Back it off, as TCP doubles its retransmission timer
                 # (RFC 6298 5.5), until a response brings a fresh one. Otherwise every
-                # attempt is abandoned at the old p99 while the deadline would allow it
-                # to finish, and nothing ever answers with a newer hint. Concurrent
-                # attempts cut at the same hint double it once, not once each.
-                state.timeout_hint_s = max(state.timeout_hint_s or 0.0, 2.0 * call.hint_s)
+                # attempt is abandoned at the old p99 and nothing ever answers with a
+                # newer hint.
+                state.hints.back_off(call.kind, call.hint_s)
+            if call.reserved and not cut_by_hint:
+                state.budget.refund()  # it answered: the retry the hint paid for is not needed
+                call.reserved = False
 
     # -- tenacity callables: retry_state.args is (call, request) --------------------
 
@@ -191,7 +223,11 @@ class Engine:
         if call.deadline is not None and now + wait_s >= call.deadline:
             return Stop.DEADLINE
         with self._lock:  # last: a token is spent only for a retry that will happen
-            granted = self._hosts.get(call.host).budget.try_withdraw(now)
+            if call.reserved:  # the retry after a hint's cut was paid for before the attempt
+                call.reserved = False
+                granted = True
+            else:
+                granted = self._hosts.get(call.host).budget.try_withdraw(now)
             if granted:
                 self._retries += 1
         return None if granted else Stop.BUDGET
@@ -235,9 +271,13 @@ class Engine:
             call.stop,
             self.clock() - call.started,
         )
-        if call.stop is not None:
+        if call.stop is not None or call.reserved:
             with self._lock:
-                self._gave_up[call.stop.value] += 1
+                if call.stop is not None:
+                    self._gave_up[call.stop.value] += 1
+                if call.reserved:  # reserved for a retry that never came
+                    self._hosts.get(call.host).budget.refund()
+                    call.reserved = False
         if response is not None:
             response.extensions[EXTENSION] = summary
         self.hooks.on_call(summary)

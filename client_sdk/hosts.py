@@ -1,11 +1,13 @@
-"""Per-host state: retry budget, adaptive throttle, last timeout hint.
+"""Per-host state: retry budget, adaptive throttle, timeout hints per kind of request.
 
 Theory of operation: a retry storm is a per-destination problem, so everything
 the SDK learns about a server is kept per host (`scheme://host:port`): its
 retry budget (`client_sdk.budget`), its adaptive throttle
-(`client_sdk.throttle`) and the last `x-rampmeter-timeout-hint-ms` it sent. A
-`HostTable` creates entries on first use. It is not thread-safe by itself: the
-engine calls it under its one lock, which is never held across I/O or an await.
+(`client_sdk.throttle`), the `x-rampmeter-timeout-hint-ms` it sent for each kind
+of request (`client_sdk.kinds`) and the last capacity failure it answered (for the
+throttle's message). A `HostTable` creates entries on first use. It is not
+thread-safe by itself: the engine calls it under its one lock, which is never held
+across I/O or an await.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import httpx
 
 from client_sdk.budget import RetryBudget
 from client_sdk.config import RetryConfig
+from client_sdk.kinds import HintTable
 from client_sdk.throttle import AdaptiveThrottle, Admission
 
 
@@ -35,16 +38,23 @@ class HostStatistics:
     window_requests: int
     window_accepts: int
     refused_locally: int
-    timeout_hint_s: float | None
+    timeout_hints: dict[str, float]  # kind of request ("POST /v1/chat/completions#9") -> hint, seconds
+    last_failure: str | None  # the last capacity failure: a sidecar reason, a status or an error name
 
 
 class HostState:
-    __slots__ = ("budget", "throttle", "timeout_hint_s")
+    __slots__ = ("budget", "hints", "last_failure", "throttle")
 
     def __init__(self, config: RetryConfig) -> None:
         self.budget = RetryBudget(config.budget_ratio, config.budget_floor_per_s, config.budget_max_tokens)
-        self.throttle = AdaptiveThrottle(config.throttle_k, config.throttle_window_s)
-        self.timeout_hint_s: float | None = None
+        self.throttle = AdaptiveThrottle(
+            config.throttle_k,
+            config.throttle_window_s,
+            min_requests=config.throttle_min_requests,
+            max_probability=config.throttle_max_probability,
+        )
+        self.hints = HintTable()
+        self.last_failure: str | None = None
 
     def statistics(self, now: float) -> HostStatistics:
         budget = self.budget.statistics(now)
@@ -57,7 +67,8 @@ class HostState:
             window_requests=throttle.requests,
             window_accepts=throttle.accepts,
             refused_locally=throttle.refused,
-            timeout_hint_s=self.timeout_hint_s,
+            timeout_hints=self.hints.snapshot(),
+            last_failure=self.last_failure,
         )
 
 

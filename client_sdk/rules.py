@@ -12,7 +12,9 @@ a request twice, or if running it twice is harmless. So each `Signal` maps to a
   sidecar uses to replay instead of re-running. Read timeouts, errors after
   sending, 502/504, and 503/429 from a server that gave no rampmeter reason
   (without the sidecar we cannot know it was not run).
-- NEVER: an answer, a final rejection (bad request, key reused), an expired
+- NEVER: an answer, a final rejection (bad request, key reused), a deadline the
+  request's service time alone exceeds (deadline_unmeetable with no Retry-After:
+  the remaining budget only shrinks, so no retry can make it), an expired
   deadline, a local failure.
 
 On top of the table, two absolute rules: a request body that cannot be replayed
@@ -43,6 +45,8 @@ RULES: dict[Signal, Rule] = {
     Signal.READ_TIMEOUT: Rule.IF_SAFE,
     Signal.BROKEN_AFTER_SEND: Rule.IF_SAFE,
     Signal.REJECTED_RETRYABLE: Rule.ALWAYS,
+    Signal.REJECTED_BY_CALLER: Rule.ALWAYS,
+    Signal.REJECTED_UNMEETABLE: Rule.NEVER,  # the budget only shrinks: no retry can make it
     Signal.REJECTED_FINAL: Rule.NEVER,
     Signal.DEADLINE_EXPIRED: Rule.NEVER,
     Signal.GATEWAY_FAILED: Rule.IF_SAFE,

@@ -32,7 +32,9 @@ class Signal(enum.Enum):
     CONNECT_FAILED = "connect_failed"  # no byte of the request left this host
     READ_TIMEOUT = "read_timeout"  # sent, no answer in time: it may be running
     BROKEN_AFTER_SEND = "broken_after_send"  # read/write error, broken HTTP: may have run
-    REJECTED_RETRYABLE = "rejected_retryable"  # sidecar: not run, come back later
+    REJECTED_RETRYABLE = "rejected_retryable"  # sidecar: not run, come back later (it is busy)
+    REJECTED_BY_CALLER = "rejected_by_caller"  # sidecar: not run, come back later; this caller's doing
+    REJECTED_UNMEETABLE = "rejected_unmeetable"  # sidecar: the service time alone exceeds the deadline
     REJECTED_FINAL = "rejected_final"  # sidecar: retrying cannot help (bad request, ...)
     DEADLINE_EXPIRED = "deadline_expired"  # sidecar: the caller's budget ran out
     GATEWAY_FAILED = "gateway_failed"  # 502/504: the upstream may have run it
@@ -40,9 +42,40 @@ class Signal(enum.Enum):
     LOCAL_FAILURE = "local_failure"  # never reached the server usefully (pool timeout, ...)
 
 
-# Outcomes that show the server had capacity for the request: the adaptive
-# throttle's "accepts". Everything else is a capacity failure (or says nothing).
-ACCEPTED = frozenset({Signal.ANSWERED, Signal.REJECTED_FINAL})
+class Verdict(enum.Enum):
+    """What an outcome tells the adaptive throttle about the server's capacity."""
+
+    ACCEPT = "accept"  # it had capacity (any answer, a 4xx included: fewer requests would not change it)
+    FAILURE = "failure"  # a capacity failure: rejected for load, timed out, unreachable
+    NEUTRAL = "neutral"  # nothing about capacity: not counted at all
+
+
+THROTTLE: dict[Signal, Verdict] = {
+    Signal.ANSWERED: Verdict.ACCEPT,
+    Signal.REJECTED_FINAL: Verdict.ACCEPT,  # 400, 422: the server had time to say the request is wrong
+    # The caller caused these (its deadline, its tenant's quota, its own key in flight):
+    # counting them as overload let one too-short deadline lock the client out (issue 14).
+    Signal.REJECTED_BY_CALLER: Verdict.NEUTRAL,
+    Signal.REJECTED_UNMEETABLE: Verdict.NEUTRAL,
+    Signal.LOCAL_FAILURE: Verdict.NEUTRAL,  # pool timeout and the like: our side, not the server's
+    Signal.CONNECT_FAILED: Verdict.FAILURE,
+    Signal.READ_TIMEOUT: Verdict.FAILURE,
+    Signal.BROKEN_AFTER_SEND: Verdict.FAILURE,
+    Signal.REJECTED_RETRYABLE: Verdict.FAILURE,
+    Signal.DEADLINE_EXPIRED: Verdict.FAILURE,
+    Signal.GATEWAY_FAILED: Verdict.FAILURE,
+    Signal.OVERLOAD_UNQUALIFIED: Verdict.FAILURE,  # a bare 429 may be a quota, but a server that says it wants less
+}
+
+# Sidecar reasons that invite a retry but say nothing about the server's load: the
+# request itself (its deadline with the queue ahead) or its caller (quota, key) caused them.
+_CALLER_REASONS = frozenset(
+    {
+        wire.Reason.DEADLINE_UNMEETABLE.value,
+        wire.Reason.TENANT_QUOTA.value,
+        wire.Reason.IDEMPOTENCY_KEY_IN_FLIGHT.value,
+    }
+)
 
 _GATEWAY_STATUSES = frozenset({502, 504})
 _OVERLOAD_STATUSES = frozenset({503, 429})
@@ -58,6 +91,12 @@ def reason_of(status: int, headers: Mapping[str, str]) -> str | None:
 def classify_response(status: int, headers: Mapping[str, str]) -> Signal:
     reason = reason_of(status, headers)
     if reason is not None:
+        if reason == wire.Reason.DEADLINE_UNMEETABLE and not _has_retry_after(headers):
+            # "Raise your timeout" (docs/rejections.md): the budget only shrinks on a retry,
+            # so no retry can succeed. Final, with an error that says so.
+            return Signal.REJECTED_UNMEETABLE
+        if reason in _CALLER_REASONS:
+            return Signal.REJECTED_BY_CALLER
         if reason in wire.RETRYABLE_REASON_NAMES:
             return Signal.REJECTED_RETRYABLE
         if reason == wire.Reason.DEADLINE_EXPIRED:
@@ -65,11 +104,17 @@ def classify_response(status: int, headers: Mapping[str, str]) -> Signal:
         if status in _GATEWAY_STATUSES:
             return Signal.GATEWAY_FAILED
         return Signal.REJECTED_FINAL
+    if status >= 400 and headers.get(wire.SHOULD_RETRY) == "false":
+        return Signal.ANSWERED  # a server (OpenAI's API, say) that says a retry cannot help
     if status in _GATEWAY_STATUSES:
         return Signal.GATEWAY_FAILED
     if status in _OVERLOAD_STATUSES:
         return Signal.OVERLOAD_UNQUALIFIED
     return Signal.ANSWERED
+
+
+def _has_retry_after(headers: Mapping[str, str]) -> bool:
+    return wire.RETRY_AFTER_MS in headers or wire.RETRY_AFTER in headers
 
 
 def classify_exception(exc: BaseException) -> Signal:
@@ -83,6 +128,9 @@ def classify_exception(exc: BaseException) -> Signal:
         return Signal.LOCAL_FAILURE
     if isinstance(exc, (httpx.WriteTimeout, httpx.NetworkError, httpx.RemoteProtocolError)):
         return Signal.BROKEN_AFTER_SEND
+    if isinstance(exc, httpx.TimeoutException):
+        # The async transport's whole-attempt bound (DeadlineExceeded): no answer in time.
+        return Signal.READ_TIMEOUT
     return Signal.LOCAL_FAILURE
 
 
@@ -125,6 +173,18 @@ def timeout_hint_s(headers: Mapping[str, str]) -> float | None:
     """`x-rampmeter-timeout-hint-ms` in seconds; None when absent, malformed or 0."""
     ms = _non_negative_float(headers.get(wire.TIMEOUT_HINT_MS))
     return ms / 1000.0 if ms else None
+
+
+def timeout_hint_key(headers: Mapping[str, str]) -> str:
+    """`x-rampmeter-timeout-hint-key` (opaque, at most 256 characters); "" when absent."""
+    return headers.get(wire.TIMEOUT_HINT_KEY, "")[:256]
+
+
+def failure_name(status: int | None, headers: Mapping[str, str] | None, exc: BaseException | None) -> str:
+    """A short name for a capacity failure, for the throttle's message: the sidecar's reason if any."""
+    if status is not None and headers is not None:
+        return reason_of(status, headers) or str(status)
+    return type(exc).__name__ if exc is not None else "unknown"
 
 
 def caller_timeout_s(headers: Mapping[str, str]) -> float | None:

@@ -1,16 +1,28 @@
-"""Client-side adaptive throttling (Google SRE book, "Handling Overload").
+"""Client-side adaptive throttling (Google SRE book, "Handling Overload"), with Envoy's guards.
 
 Theory of operation: over a sliding window (60 s) the client counts `requests`
-(every attempt it made or wanted to make, including the ones it refused
-locally) and `accepts` (attempts the server had capacity for). A new call is
-refused locally with probability
+(attempts it sent) and `accepts` (attempts the server had capacity for). A new call
+is refused locally, before anything is sent, with probability
 
-    p = max(0, (requests - K * accepts) / (requests + 1))
+    p = min(max_probability, max(0, (requests - K * accepts) / (requests + 1)))
 
-With K = 2 nothing is refused until the server rejects more than half the
-traffic; when it rejects nearly everything, p approaches 1 and the client stops
-sending most requests at all, yet a trickle still goes through, so acceptance
-(and p) recovers within one window of the server recovering.
+and p = 0 while the window holds fewer than `min_requests` requests. With K = 2
+nothing is refused until the server rejects more than half the traffic.
+
+Three departures from the book's formula, each because the book's version failed
+healthy traffic (issue 14: one refused call locked a client out for the whole
+window):
+- a refusal is not a request. The book counts it as one, so once p is high every
+  refusal keeps it high, and a client that sends a few calls a minute never sends
+  enough to see the server has recovered. Counting only what was sent, p follows the
+  server's answers alone;
+- nothing is refused until `min_requests` (20) were sent in the window, as Envoy's
+  admission_control waits for `rps_threshold`: one or two failures are not a trend;
+- p never exceeds `max_probability` (0.9; Envoy's max_rejection_probability is 0.8),
+  so at least one call in ten still tests the server.
+Which outcomes count as an accept, a failure, or nothing at all (a rejection the
+client caused: an unmeetable deadline, its tenant's quota) is the engine's call
+(`client_sdk.signals.THROTTLE`); this module only counts.
 
 The window is a ring of `buckets` counters, each `window_s / buckets` wide;
 bucket i counts the attempts in [i * width, (i + 1) * width). Running totals are
@@ -56,14 +68,26 @@ class AdaptiveThrottle:
         "_totals",
         "_width",
         "k",
+        "max_probability",
+        "min_requests",
         "window_s",
     )
 
-    def __init__(self, k: float = 2.0, window_s: float = 60.0, buckets: int = 60) -> None:
-        if not (k >= 1 and window_s > 0 and buckets >= 1):
-            raise ValueError("need k >= 1, window_s > 0 and buckets >= 1")
+    def __init__(
+        self,
+        k: float = 2.0,
+        window_s: float = 60.0,
+        buckets: int = 60,
+        *,
+        min_requests: int = 20,
+        max_probability: float = 0.9,
+    ) -> None:
+        if not (k >= 1 and window_s > 0 and buckets >= 1 and min_requests >= 0 and 0 <= max_probability <= 1):
+            raise ValueError("need k >= 1, window_s > 0, buckets >= 1, min_requests >= 0, 0 <= max_probability <= 1")
         self.k = k
         self.window_s = window_s
+        self.min_requests = min_requests
+        self.max_probability = max_probability
         self._width = window_s / buckets
         self._requests = [0] * buckets
         self._accepts = [0] * buckets
@@ -102,17 +126,15 @@ class AdaptiveThrottle:
 
     def probability(self, now: float) -> float:
         requests, accepts = self._counts(now)
-        return max(0.0, (requests - self.k * accepts) / (requests + 1))
+        if requests < self.min_requests:
+            return 0.0
+        return min(self.max_probability, max(0.0, (requests - self.k * accepts) / (requests + 1)))
 
     def admit(self, now: float, rng: random.Random) -> Admission:
-        """Flip the coin for one new call.
-
-        A refusal counts as a request (not an accept), per the SRE formula.
-        """
+        """Flip the coin for one new call. A refusal is counted apart, never as a request."""
         p = self.probability(now)
         if p > 0.0 and rng.random() < p:
             self._refused += 1
-            self.record(now, accepted=False)
             return Admission(False, p)
         return Admission(True, p)
 
@@ -121,4 +143,7 @@ class AdaptiveThrottle:
         return ThrottleStatistics(requests, accepts, self.probability(now), self._refused)
 
     def __repr__(self) -> str:
-        return f"<AdaptiveThrottle k={self.k:g} window={self.window_s:g}s refused={self._refused}>"
+        return (
+            f"<AdaptiveThrottle k={self.k:g} window={self.window_s:g}s min={self.min_requests} "
+            f"max_p={self.max_probability:g} refused={self._refused}>"
+        )

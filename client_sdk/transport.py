@@ -11,7 +11,11 @@ retried, sleep. That makes them drop-in for anything built on httpx:
     OpenAI(http_client=httpx.Client(transport=ResilientTransport()), max_retries=0)
 
 A response is handed back as soon as its status line and headers decide it is
-final: its body streams to the caller untouched, and is never retried after.
+final: its body streams to the caller untouched, and is never retried after. A
+call the adaptive throttle refuses is answered with a synthetic 503 in the
+sidecar's shape (`ThrottledLocally.response()`), not raised: an OpenAI SDK user
+then reads "throttled_locally" and the server's last refusal, not a connection
+error.
 
 Sleeping: the sync shell calls `time.sleep`; the async one `anyio.sleep`, which
 is trio.sleep under trio and asyncio.sleep under asyncio (trio is never
@@ -32,7 +36,7 @@ import tenacity
 
 from client_sdk.config import RetryConfig
 from client_sdk.engine import Call, ClientStatistics, Engine
-from client_sdk.errors import DeadlineExceeded
+from client_sdk.errors import DeadlineExceeded, ThrottledLocally
 from client_sdk.events import Hooks
 
 # A rejection about to be retried is read (to keep its keep-alive connection)
@@ -78,7 +82,10 @@ class ResilientTransport(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         engine = self.engine
-        call = engine.begin(request)
+        try:
+            call = engine.begin(request)
+        except ThrottledLocally as refusal:
+            return refusal.response()
         retrying = tenacity.Retrying(
             retry=engine.retry,
             wait=engine.wait,
@@ -158,7 +165,10 @@ class AsyncResilientTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         engine = self.engine
-        call = engine.begin(request)
+        try:
+            call = engine.begin(request)
+        except ThrottledLocally as refusal:
+            return refusal.response()
         retrying = tenacity.AsyncRetrying(
             retry=engine.retry,
             wait=engine.wait,

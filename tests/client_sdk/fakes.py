@@ -46,10 +46,15 @@ class FixedRandom(random.Random):
 
 
 def rejection_headers(reason: wire.Reason | str, retry_after_ms: int | None = None) -> dict[str, str]:
+    """What the sidecar sends (proxy/core/wire.py rejection(); the contract test keeps them equal)."""
     headers = {"content-type": "application/json", wire.REASON: str(reason)}
     if retry_after_ms is not None:
         headers[wire.RETRY_AFTER] = str(max(1, -(-retry_after_ms // 1000)))
         headers[wire.RETRY_AFTER_MS] = str(retry_after_ms)
+        headers[wire.RETRY_AFTER_MS_PLAIN] = str(retry_after_ms)
+        headers[wire.SHOULD_RETRY] = "true"
+    elif reason not in (wire.Reason.UPSTREAM_UNAVAILABLE, wire.Reason.UPSTREAM_TIMEOUT):
+        headers[wire.SHOULD_RETRY] = "false"
     return headers
 
 

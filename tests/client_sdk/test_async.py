@@ -70,7 +70,7 @@ async def overloaded_after_attempts() -> None:
 async def throttled_locally() -> None:
     time = FakeTime()
     script = Script(rejected(wire.Reason.QUEUE_FULL), time=time)
-    async with make(script, time, max_attempts=1) as client:
+    async with make(script, time, max_attempts=1, throttle_min_requests=2) as client:
         for _ in range(2):
             with pytest.raises(Overloaded):
                 await client.get("/v1/models")

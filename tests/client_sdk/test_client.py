@@ -141,13 +141,16 @@ def test_budget_exhausted_on_a_rejection() -> None:
 def test_throttled_locally() -> None:
     time = FakeTime()
     script = Script(rejected(wire.Reason.OVERLOADED), time=time)
-    c = client(script, time, max_attempts=1)
+    c = client(script, time, max_attempts=1, throttle_min_requests=2)
     for _ in range(2):
         with pytest.raises(Overloaded):
             c.get("/v1/models")
-    with pytest.raises(ThrottledLocally):
+    with pytest.raises(ThrottledLocally) as caught:
         c.get("/v1/models")
+    assert caught.value.last_reason == "overloaded"
+    assert "throttled_locally" in str(caught.value) and "overloaded" in str(caught.value)
     assert c.statistics().throttled_locally == 1
+    assert script.attempts == 2  # the refused call sent nothing
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,6 @@ from client_sdk import (
     RetryConfig,
     RetryInfo,
     Stop,
-    ThrottledLocally,
     wire,
 )
 from tests.client_sdk.fakes import (
@@ -118,16 +117,18 @@ def test_each_attempt_sends_the_remaining_budget_and_times_out_at_most_then() ->
     assert [t["read"] for t in script.timeouts] == [2.0, 1.6875, 1.3125]
 
 
-def test_per_attempt_timeout_follows_the_hosts_timeout_hint() -> None:
+def test_per_attempt_timeout_follows_the_hint_for_this_kind_only_without_a_deadline() -> None:
     time = FakeTime()
     script = Script(status(502, **{"x-rampmeter-timeout-hint-ms": "500"}), ok(), ok(), time=time)
     client = make(script, time)
-    client.get(URL, extensions=CallOptions(deadline_s=8.0).extensions())
-    client.get(URL)  # no deadline: the hint alone (below the client's 5 s default)
+    client.get(URL, extensions=CallOptions(deadline_s=8.0).extensions())  # learns 0.5 s for GET URL
+    client.get(URL)  # no deadline: the hint (below the client's 5 s default) stands in for the default
+    # A deadline is what the caller asked for: the hint never cuts below it.
     assert script.timeouts[0] == {"connect": 5.0, "read": 5.0, "write": 5.0, "pool": 5.0}
-    assert script.timeouts[1] == {"connect": 0.5, "read": 0.5, "write": 0.5, "pool": 0.5}
-    assert script.timeouts[2] == script.timeouts[1]
-    assert client._transport.statistics().hosts["http://pod.test:80"].timeout_hint_s == 0.5
+    assert script.timeouts[1] == script.timeouts[0]
+    assert script.timeouts[2] == {"connect": 0.5, "read": 0.5, "write": 0.5, "pool": 0.5}
+    host = client._transport.statistics().hosts["http://pod.test:80"]
+    assert host.timeout_hints == {"GET /v1/completions#0": 0.5}
 
 
 def test_no_retry_when_the_wait_would_pass_the_deadline() -> None:
@@ -211,16 +212,20 @@ def test_budget_exhaustion_on_a_rejection_hands_back_the_response() -> None:
 def test_adaptive_throttle_refuses_locally_when_the_server_keeps_rejecting() -> None:
     time = FakeTime()
     script = Script(rejected(wire.Reason.QUEUE_FULL), time=time)
-    client = make(script, time, max_attempts=1)
-    assert client.post(URL, json={}).status_code == 503  # p = 0
-    assert client.post(URL, json={}).status_code == 503  # p = 1/2, coin 0.5 -> sent
-    with pytest.raises(ThrottledLocally) as caught:
-        client.post(URL, json={})  # p = 2/3, coin 0.5 -> refused
-    assert caught.value.probability == pytest.approx(2 / 3)
-    assert isinstance(caught.value, httpx.TransportError)
+    client = make(script, time, max_attempts=1, throttle_min_requests=2)
+    assert client.post(URL, json={}).status_code == 503  # 1 request in the window: p = 0
+    assert client.post(URL, json={}).status_code == 503  # 1 < min_requests 2: p = 0
+    refused = client.post(URL, json={})  # p = 2/3, coin 0.5 -> refused
+    # Answered, not raised: a synthetic 503 in the sidecar's shape that says what it is.
+    assert refused.status_code == 503 and refused.headers[wire.SHOULD_RETRY] == "false"
+    error = refused.json()["error"]
+    assert (error["code"], error["last_reason"], error["probability"]) == ("throttled_locally", "queue_full", 0.6667)
+    assert "refused locally" in error["message"]
+    assert wire.REASON not in refused.headers  # not the sidecar's answer
     assert script.attempts == 2
     host = client._transport.statistics().hosts["http://pod.test:80"]
-    assert (host.window_requests, host.window_accepts, host.refused_locally) == (3, 0, 1)
+    assert (host.window_requests, host.window_accepts, host.refused_locally) == (2, 0, 1)
+    assert host.last_failure == "queue_full"
 
 
 def test_idempotency_keys_are_added_once_per_call_and_reused_on_every_attempt() -> None:

@@ -7,7 +7,7 @@ import pytest
 from client_sdk.rules import RULES, Rule, is_idempotent, may_retry
 from client_sdk.signals import Signal
 
-ALWAYS = {Signal.CONNECT_FAILED, Signal.REJECTED_RETRYABLE}
+ALWAYS = {Signal.CONNECT_FAILED, Signal.REJECTED_RETRYABLE, Signal.REJECTED_BY_CALLER}
 IF_SAFE = {
     Signal.READ_TIMEOUT,
     Signal.BROKEN_AFTER_SEND,

@@ -66,8 +66,11 @@ def test_timeout_hint_and_caller_timeout() -> None:
         (500, {}, Signal.ANSWERED),
         (404, {}, Signal.ANSWERED),
         (503, {wire.REASON: "queue_full"}, Signal.REJECTED_RETRYABLE),
-        (429, {wire.REASON: "tenant_quota"}, Signal.REJECTED_RETRYABLE),
-        (409, {wire.REASON: "idempotency_key_in_flight"}, Signal.REJECTED_RETRYABLE),
+        (429, {wire.REASON: "tenant_quota", wire.RETRY_AFTER: "1"}, Signal.REJECTED_BY_CALLER),
+        (409, {wire.REASON: "idempotency_key_in_flight", wire.RETRY_AFTER: "1"}, Signal.REJECTED_BY_CALLER),
+        (503, {wire.REASON: "deadline_unmeetable", wire.RETRY_AFTER_MS: "800"}, Signal.REJECTED_BY_CALLER),
+        (503, {wire.REASON: "deadline_unmeetable", wire.RETRY_AFTER: "1"}, Signal.REJECTED_BY_CALLER),
+        (503, {wire.REASON: "deadline_unmeetable"}, Signal.REJECTED_UNMEETABLE),  # "raise your timeout"
         (504, {wire.REASON: "deadline_expired"}, Signal.DEADLINE_EXPIRED),
         (502, {wire.REASON: "upstream_unavailable"}, Signal.GATEWAY_FAILED),
         (504, {wire.REASON: "upstream_timeout"}, Signal.GATEWAY_FAILED),
@@ -78,6 +81,8 @@ def test_timeout_hint_and_caller_timeout() -> None:
         (504, {}, Signal.GATEWAY_FAILED),
         (503, {}, Signal.OVERLOAD_UNQUALIFIED),
         (429, {}, Signal.OVERLOAD_UNQUALIFIED),
+        (429, {wire.SHOULD_RETRY: "false"}, Signal.ANSWERED),  # e.g. OpenAI's insufficient_quota
+        (503, {wire.SHOULD_RETRY: "true"}, Signal.OVERLOAD_UNQUALIFIED),
         (200, {wire.REASON: "queue_full"}, Signal.ANSWERED),  # a reason only counts on an error
     ],
 )

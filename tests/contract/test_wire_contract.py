@@ -110,3 +110,29 @@ def test_the_openai_sdk_does_not_retry_what_a_retry_cannot_fix(openai_client, re
     upstream = reason in (proxy.Reason.UPSTREAM_UNAVAILABLE, proxy.Reason.UPSTREAM_TIMEOUT)
     # The upstream reasons carry no x-should-retry: the SDK's own rule (>= 500: retry) applies.
     assert client._should_retry(as_response(status, headers)) is upstream
+
+
+@pytest.mark.parametrize("retry_after_ms", [None, 1250])
+@pytest.mark.parametrize("reason", list(proxy.Reason), ids=[r.value for r in proxy.Reason])
+def test_the_sdk_test_fakes_send_what_the_sidecar_sends(reason: proxy.Reason, retry_after_ms: int | None) -> None:
+    from tests.client_sdk.fakes import rejection_headers
+
+    _, raw_headers, _ = proxy.rejection(reason, "msg", retry_after_ms=retry_after_ms)
+    assert rejection_headers(sdk.Reason(reason.value), retry_after_ms) == {
+        k.decode(): v.decode() for k, v in raw_headers
+    }
+
+
+# The rejections the sidecar sends without Retry-After: every reason that invites no retry, and
+# deadline_unmeetable when the service time alone exceeds the budget. (The load reasons always
+# carry one: docs/rejections.md.)
+WITHOUT_RETRY_AFTER = [r for r in proxy.Reason if r not in proxy.RETRYABLE_REASONS] + [proxy.Reason.DEADLINE_UNMEETABLE]
+
+
+@pytest.mark.parametrize("reason", WITHOUT_RETRY_AFTER, ids=[r.value for r in WITHOUT_RETRY_AFTER])
+def test_what_the_sidecar_calls_final_the_sdk_does_not_retry(reason: proxy.Reason) -> None:
+    status, raw_headers, _ = proxy.rejection(reason, "msg")
+    headers = {k.decode(): v.decode() for k, v in raw_headers}
+    retried = may_retry(classify_response(status, headers), method="GET", keyed=True, replayable=True)
+    # Retried (a keyed GET) only where the sidecar leaves it to the client: the upstream reasons.
+    assert retried is (headers.get(proxy.SHOULD_RETRY) is None)

@@ -150,7 +150,10 @@ def test_openai_sdk_non_streaming_through_the_transport(proxy, stats) -> None:
     assert (summary.attempts, summary.outcome, summary.stop) == (1, "200", None)
     key = raw.http_request.headers["idempotency-key"]  # the transport keyed the POST
     assert stats()["executions_by_idempotency_key"] == {key: 1}
-    assert transport.statistics().hosts[summary.host].timeout_hint_s is not None  # learned from the sidecar
+    # The hint is learned for this kind of request only: the SDK's kind and the sidecar's key
+    # (route#cost bucket: 2 prompt tokens + 12 output tokens = 14, bucket 4) agree.
+    assert raw.headers["x-rampmeter-timeout-hint-key"] == "/v1/chat/completions#4"
+    assert list(transport.statistics().hosts[summary.host].timeout_hints) == ["POST /v1/chat/completions#4"]
     oai.close()
 
 
@@ -185,7 +188,7 @@ async def exercise(client: client_sdk.AsyncClient) -> None:
     assert len(events) == 5 + 1 and events[-1] == "data: [DONE]"
     s = client.statistics()
     assert (s.calls, s.attempts, s.retries) == (3, 3, 0)
-    assert next(iter(s.hosts.values())).timeout_hint_s is not None
+    assert next(iter(s.hosts.values())).timeout_hints  # learned from the sidecar, per kind
 
 
 def test_async_client_under_asyncio(proxy, stats) -> None:
