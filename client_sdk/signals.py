@@ -114,7 +114,7 @@ def classify_response(status: int, headers: Mapping[str, str]) -> Signal:
 
 
 def _has_retry_after(headers: Mapping[str, str]) -> bool:
-    return wire.RETRY_AFTER_MS in headers or wire.RETRY_AFTER in headers
+    return any(name in headers for name in (wire.RETRY_AFTER_MS, wire.RETRY_AFTER_MS_PLAIN, wire.RETRY_AFTER))
 
 
 def classify_exception(exc: BaseException) -> Signal:
@@ -147,13 +147,15 @@ def _non_negative_float(text: str | None) -> float | None:
 def retry_after_s(headers: Mapping[str, str], wall_now: float) -> float | None:
     """The wait the server asked for, in seconds, or None when it named none.
 
-    `x-rampmeter-retry-after-ms` wins over `Retry-After` (same hint, finer unit).
-    `Retry-After` is delta-seconds or an HTTP-date (RFC 9110 section 10.2.3);
-    a date in the past means "now" (0.0).
+    `x-rampmeter-retry-after-ms`, then `retry-after-ms` (what OpenAI's API and
+    the sidecar send for plain clients), win over `Retry-After` (same hint, finer
+    unit). `Retry-After` is delta-seconds or an HTTP-date (RFC 9110 section
+    10.2.3); a date in the past means "now" (0.0).
     """
-    ms = _non_negative_float(headers.get(wire.RETRY_AFTER_MS))
-    if ms is not None:
-        return ms / 1000.0
+    for name in (wire.RETRY_AFTER_MS, wire.RETRY_AFTER_MS_PLAIN):
+        ms = _non_negative_float(headers.get(name))
+        if ms is not None:
+            return ms / 1000.0
     text = headers.get(wire.RETRY_AFTER)
     if text is None:
         return None

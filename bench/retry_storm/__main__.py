@@ -1,6 +1,7 @@
-"""Retry storms: naive, fixed-interval and client_sdk callers through a 3x slowdown, with and without the sidecar.
+"""Retry storms: naive, fixed-interval, client_sdk and OpenAI SDK callers through a 3x slowdown; and a mixed workload.
 
     .venv/bin/python -m bench.retry_storm [--quick] [--out DIR] [--repeats N] [--no-pin]
+        [--scenarios storm,mixed] [--populations ...] [--mixed-populations ...]
 
 Theory of operation: a simulated pod (`PodShape`: 10 sequences at once, each 10
 steps of 20 ms, so 50 req/s of capacity and 200 ms per request) gets an
@@ -18,9 +19,19 @@ fell behind (p99 release lateness > MAX_LATENESS_S) is flagged, not re-run: a
 storm can load the client's own core, and re-running until the generator keeps
 up would select the runs without a storm.
 
+The plain OpenAI SDK runs the storm twice through the sidecar: as it is
+(`openai`), and seeing only the headers the sidecar sent before it added
+`retry-after-ms` and `x-should-retry` (`openai_oldheaders`).
+
+The mixed scenario (bench/retry_storm/mixed.py) is fault-free: 80% short and
+20% long chats, no deadline, through a healthy sidecar; every failure there is
+a false one.
+
 Pinning (unless --no-pin): pod and sidecar on CPU 0, this process (the
 clients) on CPU 1. Targets, for client_sdk with and without the sidecar:
-attempts per call <= 1.15 over the run, recovery <= 3 s.
+attempts per call <= 1.15 over the run, recovery <= 3 s; in the mixed workload,
+0 false failures per 1,000 calls for client_sdk, the plain OpenAI SDK and the
+OpenAI SDK over client_sdk's transport.
 """
 
 from __future__ import annotations
@@ -31,9 +42,9 @@ import statistics
 import time
 
 from bench.common import parse_args, pin, target, write_result
-from bench.retry_storm import report
+from bench.retry_storm import mixed, report
 from bench.retry_storm.analysis import SLA_S, analyze
-from bench.retry_storm.populations import POPULATIONS
+from bench.retry_storm.populations import MIXED_POPULATIONS, POPULATIONS
 from bench.retry_storm.scenario import PodShape, RunSpec, Timeline, run
 from proxy import loadtest as lt
 
@@ -42,7 +53,8 @@ LOAD_FRACTION = 0.7
 FULL = Timeline(warmup_s=5.0, before_s=10.0, fault_s=10.0, after_s=20.0)
 QUICK = Timeline(warmup_s=2.0, before_s=5.0, fault_s=10.0, after_s=8.0)  # the same 10 s fault
 MAX_LATENESS_S = 0.25  # a quarter of the naive timeout: past it a run is flagged "behind"
-TARGETS = {"amplification": 1.15, "recovery_s": 3.0}
+TARGETS = {"amplification": 1.15, "recovery_s": 3.0, "false_failures_per_1000": 0.0}
+MIXED_KEYS = ("false_failures_per_1000", "attempts_per_call", "long_p99_s", "short_p99_s", "lateness_p99_s")
 KEYS = (
     "amplification",
     "during_amplification",
@@ -103,31 +115,72 @@ def summarise(raw: dict[str, list[dict]]) -> dict:
     return out
 
 
+def measure_mixed(spec: RunSpec, timeline, planned, cpus) -> dict:
+    fig = mixed.run(spec, timeline, planned, cpus)
+    fig["long_p99_s"] = fig["by_kind"]["long"]["p99_s"]
+    fig["short_p99_s"] = fig["by_kind"]["short"]["p99_s"]
+    print(
+        f"  mixed {spec.population:15s} false failures {fig['false_failures']}/{fig['calls']} "
+        f"({fig['false_failures_per_1000']:.1f} per 1,000)  attempts/call {fig['attempts_per_call']:.2f}  "
+        f"long p99 {report._f(fig['long_p99_s'], 2)} s  {fig['failures'] or ''}",
+        flush=True,
+    )
+    return fig
+
+
+def summarise_mixed(raw: dict[str, list[dict]]) -> dict:
+    return {
+        name: {
+            "median": {k: _median([r[k] for r in reps]) for k in MIXED_KEYS},
+            "all": {k: [r[k] for r in reps] for k in MIXED_KEYS},
+            "failures": [r["failures"] for r in reps],
+            "calls": [r["calls"] for r in reps],
+        }
+        for name, reps in raw.items()
+    }
+
+
 def main() -> None:
     def add(p) -> None:
         p.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 3, quick 1)")
-        p.add_argument("--seed", type=int, default=1, help="seed of the arrival trace")
-        p.add_argument("--populations", default=",".join(POPULATIONS), help="comma-separated subset")
+        p.add_argument("--seed", type=int, default=1, help="seed of the arrival traces")
+        p.add_argument("--scenarios", default="storm,mixed", help="comma-separated: storm, mixed")
+        p.add_argument("--populations", default=",".join(POPULATIONS), help="storm populations, comma-separated")
+        p.add_argument(
+            "--mixed-populations", default=",".join(MIXED_POPULATIONS), help="mixed populations, comma-separated"
+        )
         p.add_argument("--no-pin", action="store_true", help="leave every process unpinned")
 
     args = parse_args("retry_storm", __doc__, add)
     args.repeats = args.repeats or (1 if args.quick else 3)
+    scenarios = set(args.scenarios.split(","))
     timeline = QUICK if args.quick else FULL
+    mixed_timeline = mixed.QUICK if args.quick else mixed.FULL
     two_cpus = (os.cpu_count() or 1) >= 2 and not args.no_pin
     cpus = {"pod": 0, "sidecar": 0} if two_cpus else {"pod": None, "sidecar": None}
     pinning = ("pod and sidecar pinned to CPU 0, clients to CPU 1 (" + pin(1) + ")") if two_cpus else "not pinned"
     rate = LOAD_FRACTION * POD.capacity_rps
     trace = lt.build_trace(lt.Plan.sweep([rate], step_s=timeline.total_s), lt.Mix.parse("short_chat"), args.seed)
-    specs = [RunSpec(p, sidecar) for p in args.populations.split(",") for sidecar in (False, True)]
+    specs = []
+    if "storm" in scenarios:
+        specs = [RunSpec(p, sidecar) for p in args.populations.split(",") for sidecar in POPULATIONS[p].sidecar_modes]
+    mixed_specs = []
+    if "mixed" in scenarios:
+        mixed_specs = [RunSpec(p, True) for p in args.mixed_populations.split(",")]
+    planned = mixed.trace(args.seed, mixed_timeline)
     load = {"before": [round(x, 2) for x in os.getloadavg()]}
     raw: dict[str, list[dict]] = {s.label: [] for s in specs}
+    raw_mixed: dict[str, list[dict]] = {s.population: [] for s in mixed_specs}
     started = time.monotonic()
     for rep in range(args.repeats):
         print(f"repeat {rep + 1}/{args.repeats}", flush=True)
         for spec in specs:
             raw[spec.label].append(measure(spec, timeline, trace, cpus))
+        for spec in mixed_specs:
+            raw_mixed[spec.population].append(measure_mixed(spec, mixed_timeline, planned, cpus))
     load["after"] = [round(x, 2) for x in os.getloadavg()]
     summary = summarise(raw)
+    summary_mixed = summarise_mixed(raw_mixed)
     setup = {
         "pod": f"`sim-pod {' '.join(POD.args())}`, capacity {POD.capacity_rps:g} req/s, "
         f"{POD.service_s * 1000:g} ms a request",
@@ -141,6 +194,15 @@ def main() -> None:
         "pinning": pinning,
         "mix": "short_chat (POST /v1/chat/completions)",
         "populations": {name: cls.describe for name, cls in POPULATIONS.items()},
+        "mixed": {
+            "pod": f"`sim-pod {' '.join(mixed.LlmPod().args())}`",
+            "rate_rps": mixed.RATE_RPS,
+            "long_fraction": mixed.LONG_FRACTION,
+            "tokens": {"short": mixed.SHORT_TOKENS, "long": mixed.LONG_TOKENS},
+            "timeline": f"{mixed_timeline.warmup_s:g} s warm-up (not measured), {mixed_timeline.measure_s:g} s measured",
+            "calls_planned": len(planned),
+            "populations": {name: cls.describe for name, cls in MIXED_POPULATIONS.items()},
+        },
         "wall_s": time.monotonic() - started,
     }
     targets = []
@@ -151,12 +213,26 @@ def main() -> None:
             m = summary[label]["median"]
             targets.append(target(f"sdk_attempts_per_call_{where}", m["amplification"], "<=", TARGETS["amplification"]))
             targets.append(target(f"sdk_recovery_s_{where}", m["recovery_s"], "<=", TARGETS["recovery_s"]))
-    runs = {"setup": setup, "load_average": load, "summary": summary, "raw": raw}
-    out = write_result(args, runs, targets, report.markdown(args, setup, summary, load))
+    for name in ("sdk_nodeadline", "openai", "openai_sdk"):
+        if name in summary_mixed:
+            value = summary_mixed[name]["median"]["false_failures_per_1000"]
+            targets.append(
+                target(f"mixed_false_failures_per_1000_{name}", value, "<=", TARGETS["false_failures_per_1000"])
+            )
+    runs = {
+        "setup": setup,
+        "load_average": load,
+        "summary": summary,
+        "summary_mixed": summary_mixed,
+        "raw": raw,
+        "raw_mixed": raw_mixed,
+    }
+    storm_text = report.markdown(args, setup, summary, load) if summary else f"# bench.retry_storm\n\n`{args.command}`"
+    text = storm_text + "\n\n" + report.markdown_mixed(setup, summary_mixed, summary)
+    out = write_result(args, runs, targets, text)
     for population in {s.population for s in specs}:
-        report.plot(
-            out, population, {s.sidecar: raw[s.label][0] for s in specs if s.population == population}, timeline.fault_s
-        )
+        runs_by_mode = {s.sidecar: raw[s.label][0] for s in specs if s.population == population}
+        report.plot(out, population, runs_by_mode, timeline.fault_s)
     print((out / "result.md").read_text())
 
 

@@ -1,4 +1,4 @@
-"""The three client populations of the retry-storm benchmark, and what each call records.
+"""The client populations of the retry-storm benchmark, and what each call records.
 
 Theory of operation: a population turns one logical request (a `Call`) into one
 or more HTTP attempts and records, on the `Call`, how many attempts it made,
@@ -17,6 +17,19 @@ so the client itself never queues); they differ only in how they retry:
   Its attempts are counted with `Hooks.on_attempt`; which call an attempt
   belongs to travels in a ContextVar (each call is its own trio task, and the
   SDK calls hooks synchronously inside it).
+- openai: the plain OpenAI SDK (`openai.AsyncOpenAI`) with its defaults
+  (max_retries=2, a 600 s timeout, its own backoff, Retry-After honoured up to
+  60 s), no client_sdk: what most app teams run. Attempts are counted by an
+  inner httpx transport.
+- openai_oldheaders: the same, but the inner transport removes `retry-after-ms`
+  and `x-should-retry` from every answer: what the OpenAI SDK saw from the
+  sidecar before it sent them (only `retry-after`, in whole seconds rounded up).
+  With the sidecar only (the pod sends neither).
+
+For the mixed workload (bench/retry_storm/mixed.py: no deadline, a healthy pod),
+two more: sdk_nodeadline (client_sdk.AsyncClient, no deadline) and openai_sdk
+(the OpenAI SDK over `client_sdk.AsyncResilientTransport`, max_retries=0: the
+README's set-up). Each call there carries its own body (`Call.body`).
 
 The per-attempt timeout of naive and fixed is total, not per I/O phase:
 `trio.move_on_after`, with httpx's own timeouts off.
@@ -26,9 +39,11 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import json
 from array import array
 
 import httpx
+import openai
 import trio
 
 import client_sdk
@@ -44,10 +59,12 @@ HEADERS = {"content-type": "application/json"}
 class Call:
     """One logical request: intended send time (s from the trace start) and its fate."""
 
-    __slots__ = ("attempts", "end", "intended", "outcome")
+    __slots__ = ("attempts", "body", "end", "intended", "kind", "outcome")
 
-    def __init__(self, intended: float) -> None:
+    def __init__(self, intended: float, body: bytes | None = None, kind: str = "") -> None:
         self.intended = intended
+        self.body = body  # None: the population's own body
+        self.kind = kind  # the mixed workload's "short" / "long"
         self.attempts = 0
         self.end: float | None = None
         self.outcome = "unfinished"
@@ -80,6 +97,7 @@ class _LoopPopulation:
 
     name = "?"
     pause_s = 0.0
+    sidecar_modes = (False, True)
 
     def __init__(self, base_url: str, path: str, body: bytes, recorder: Recorder) -> None:
         self.http = httpx.AsyncClient(base_url=base_url, timeout=None, limits=LIMITS, trust_env=False)
@@ -91,15 +109,15 @@ class _LoopPopulation:
             if attempt and self.pause_s:
                 await trio.sleep(self.pause_s)
             self.recorder.attempt(call)
-            outcome = await self._attempt()
+            outcome = await self._attempt(call.body or self.body)
             if outcome.isdigit() and int(outcome) < 500 and outcome != "429":
                 break  # an answer: success, or an error retrying cannot fix
         call.outcome, call.end = outcome, self.recorder.now()
 
-    async def _attempt(self) -> str:
+    async def _attempt(self, body: bytes) -> str:
         with trio.move_on_after(NAIVE_TIMEOUT_S):
             try:
-                response = await self.http.post(self.path, content=self.body, headers=HEADERS)
+                response = await self.http.post(self.path, content=body, headers=HEADERS)
             except httpx.HTTPError as exc:
                 return type(exc).__name__
             return str(response.status_code)
@@ -134,6 +152,8 @@ class _Counting(client_sdk.Hooks):
 class Sdk:
     name = "sdk"
     describe = f"client_sdk.AsyncClient, default RetryConfig, {SDK_DEADLINE_S:g} s deadline per call"
+    sidecar_modes = (False, True)
+    deadline_s: float | None = SDK_DEADLINE_S
 
     def __init__(self, base_url: str, path: str, body: bytes, recorder: Recorder) -> None:
         self.client = client_sdk.AsyncClient(
@@ -144,7 +164,9 @@ class Sdk:
     async def call(self, call: Call) -> None:
         _current.set(call)  # this task's own context: hooks find their call here
         try:
-            response = await self.client.post(self.path, content=self.body, headers=HEADERS, deadline_s=SDK_DEADLINE_S)
+            response = await self.client.post(
+                self.path, content=call.body or self.body, headers=HEADERS, deadline_s=self.deadline_s
+            )
             outcome = str(response.status_code)
         except client_sdk.Rejected as exc:
             outcome = f"{exc.status} {exc.reason}"
@@ -172,4 +194,100 @@ class Sdk:
         await self.client.aclose()
 
 
-POPULATIONS = {p.name: p for p in (Naive, Fixed, Sdk)}
+class SdkNoDeadline(Sdk):
+    name = "sdk_nodeadline"
+    describe = "client_sdk.AsyncClient, default RetryConfig, no deadline"
+    deadline_s = None
+
+
+class _CountingTransport(httpx.AsyncBaseTransport):
+    """Inner transport: counts every attempt (the OpenAI SDK's retries included) for the call's task."""
+
+    def __init__(self, recorder: Recorder, strip: tuple[str, ...] = ()) -> None:
+        self.inner = httpx.AsyncHTTPTransport(limits=LIMITS, trust_env=False)
+        self.recorder, self.strip = recorder, strip
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.recorder.attempt(_current.get())
+        response = await self.inner.handle_async_request(request)
+        for name in self.strip:
+            if name in response.headers:
+                del response.headers[name]
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _openai_outcome(exc: Exception) -> str:
+    if isinstance(exc, openai.APIStatusError):
+        code = exc.code if isinstance(exc.code, str) else ""
+        return f"{exc.status_code} {code}".rstrip()
+    return type(exc).__name__  # APITimeoutError, APIConnectionError
+
+
+class OpenAIPlain:
+    """The OpenAI SDK as app teams run it: its own retries and timeouts, nothing of ours."""
+
+    name = "openai"
+    describe = "openai.AsyncOpenAI with its defaults (max_retries=2, 600 s timeout), no client_sdk"
+    sidecar_modes = (False, True)
+    strip: tuple[str, ...] = ()
+    max_retries = 2
+
+    def __init__(self, base_url: str, path: str, body: bytes, recorder: Recorder) -> None:
+        self.recorder, self.body = recorder, body
+        self.http = httpx.AsyncClient(transport=self._transport(recorder), timeout=None)
+        self.oai = openai.AsyncOpenAI(
+            base_url=base_url + "/v1", api_key="unused", http_client=self.http, max_retries=self.max_retries
+        )
+
+    def _transport(self, recorder: Recorder) -> httpx.AsyncBaseTransport:
+        return _CountingTransport(recorder, self.strip)
+
+    async def call(self, call: Call) -> None:
+        _current.set(call)
+        chat = json.loads(call.body or self.body)
+        chat.setdefault("model", "sim")  # the storm's trace body names none; the sim pod accepts any
+        try:
+            await self.oai.chat.completions.create(**chat)
+            outcome = "200"
+        except openai.OpenAIError as exc:
+            outcome = _openai_outcome(exc)
+        call.outcome, call.end = outcome, self.recorder.now()
+
+    async def aclose(self) -> None:
+        await self.oai.close()
+        await self.http.aclose()
+
+
+class OpenAIOldHeaders(OpenAIPlain):
+    name = "openai_oldheaders"
+    describe = "the same, seeing only the headers the sidecar sent before retry-after-ms and x-should-retry"
+    sidecar_modes = (True,)
+    strip = ("retry-after-ms", "x-should-retry")
+
+
+class OpenAIOverSdk(OpenAIPlain):
+    """The README's set-up: the OpenAI SDK's retries off, client_sdk's transport doing them."""
+
+    name = "openai_sdk"
+    describe = "openai.AsyncOpenAI(max_retries=0) over client_sdk.AsyncResilientTransport (default RetryConfig)"
+    max_retries = 0
+
+    def _transport(self, recorder: Recorder) -> httpx.AsyncBaseTransport:
+        self.resilient = client_sdk.AsyncResilientTransport(_CountingTransport(recorder))
+        return self.resilient
+
+    def statistics(self) -> dict:
+        s = self.resilient.statistics()
+        return {
+            "calls": s.calls,
+            "attempts": s.attempts,
+            "retries": s.retries,
+            "throttled_locally": s.throttled_locally,
+        }
+
+
+POPULATIONS = {p.name: p for p in (Naive, Fixed, Sdk, OpenAIPlain, OpenAIOldHeaders)}
+MIXED_POPULATIONS = {p.name: p for p in (SdkNoDeadline, OpenAIPlain, OpenAIOverSdk)}

@@ -86,6 +86,51 @@ def markdown(args, setup: dict, summary: dict, load: dict) -> str:
     return "\n".join(lines)
 
 
+def markdown_mixed(setup: dict, mixed: dict, storm: dict) -> str:
+    """The mixed workload's table, and the OpenAI SDK's storm figures with and without the new headers."""
+    lines = []
+    if mixed:
+        m = setup["mixed"]
+        lines += [
+            "## Mixed workload: no deadline, a healthy sidecar",
+            "",
+            (
+                f"Simulated pod: {m['pod']}. {m['rate_rps']:g} req/s Poisson, {1 - m['long_fraction']:.0%} short "
+                f"(max_tokens {m['tokens']['short']}) and {m['long_fraction']:.0%} long (max_tokens "
+                f"{m['tokens']['long']}), no deadline; {m['timeline']}; the same seeded trace for every population. "
+                "Nothing rejects: every failed call is a false failure."
+            ),
+            "",
+            "Populations: " + "; ".join(f"**{k}**: {v}" for k, v in m["populations"].items()) + ".",
+            "",
+            "| population | calls | false failures per 1,000 | attempts per call | short p99 s | long p99 s | failures |",
+            "|---|---:|---:|---:|---:|---:|---|",
+        ]
+        for name, s in mixed.items():
+            md = s["median"]
+            failures = "; ".join(", ".join(f"{k} x{v}" for k, v in f.items()) for f in s["failures"] if f) or "none"
+            lines.append(
+                f"| {name} | {'/'.join(str(c) for c in s['calls'])} | {md['false_failures_per_1000']:.1f}"
+                f"{_span(s['all']['false_failures_per_1000'], 1)} | {md['attempts_per_call']:.2f} | "
+                f"{_f(md['short_p99_s'])} | {_f(md['long_p99_s'])} | {failures} |"
+            )
+    with_headers, without = storm.get("openai+sidecar"), storm.get("openai_oldheaders+sidecar")
+    if with_headers and without:
+        a, b = with_headers["median"], without["median"]
+        lines += [
+            "",
+            "## The plain OpenAI SDK through the storm, with and without the new headers",
+            "",
+            "| OpenAI SDK sees | attempts per call (run) | during fault | goodput during | last 5 s | recovery s |",
+            "|---|---:|---:|---:|---:|---:|",
+            f"| retry-after-ms + x-should-retry (now) | {a['amplification']:.2f} | {_f(a['during_amplification'])} | "
+            f"{a['goodput_during']:.1f} | {a['goodput_last']:.1f} | {_f(a['recovery_s'], 1)} |",
+            f"| retry-after only (before) | {b['amplification']:.2f} | {_f(b['during_amplification'])} | "
+            f"{b['goodput_during']:.1f} | {b['goodput_last']:.1f} | {_f(b['recovery_s'], 1)} |",
+        ]
+    return "\n".join(lines)
+
+
 def plot(out: Path, population: str, runs: dict[bool, dict], fault_s: float) -> Path:
     fig, axes = plt.subplots(2, 1, figsize=(9, 6), sharex=True, sharey=True)
     for ax, sidecar in zip(axes, (False, True), strict=True):

@@ -98,7 +98,7 @@ class RunSpec:
 
 
 @contextlib.contextmanager
-def processes(spec: RunSpec, pod: PodShape, cpus: dict[str, int | None]):
+def processes(spec: RunSpec, pod: PodShape, cpus: dict[str, int | None], policy: Path = POLICY):
     """Yields (url the clients use, pod url, sidecar admin url or None); stops both on exit."""
     with Proc(["sim-pod", "--listen", "127.0.0.1:0", *pod.args()], cpu=cpus["pod"], name="sim-pod") as p:
         if not spec.sidecar:
@@ -107,7 +107,7 @@ def processes(spec: RunSpec, pod: PodShape, cpus: dict[str, int | None]):
         argv = [
             "serve",
             "--policy",
-            str(POLICY),
+            str(policy),
             "--listen",
             "127.0.0.1:0",
             "--admin",

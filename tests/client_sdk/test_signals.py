@@ -37,6 +37,12 @@ def test_rampmeter_milliseconds_win_over_retry_after() -> None:
     assert retry_after_s(headers, WALL) == 0.25
 
 
+def test_plain_retry_after_ms_comes_after_rampmeters_and_before_retry_after() -> None:
+    assert retry_after_s({wire.RETRY_AFTER: "1", wire.RETRY_AFTER_MS_PLAIN: "420"}, WALL) == 0.42
+    both = {wire.RETRY_AFTER_MS: "250", wire.RETRY_AFTER_MS_PLAIN: "420", wire.RETRY_AFTER: "1"}
+    assert retry_after_s(both, WALL) == 0.25
+
+
 @pytest.mark.parametrize("value", ["soon", "-1", "nan", "inf", "Mon, 99 Foo 2024"])
 def test_malformed_retry_after_is_ignored(value: str) -> None:
     assert retry_after_s({"retry-after": value}, WALL) is None
