@@ -17,6 +17,7 @@ import httpx
 from client_sdk import wire
 from client_sdk.config import CallOptions
 from client_sdk.events import Stop
+from client_sdk.kinds import request_kind
 from client_sdk.rules import is_idempotent
 from client_sdk.signals import Signal
 
@@ -34,8 +35,9 @@ class Call:
         "hint_s",
         "host",
         "id",
+        "_kind",
+        "_request",
         "keyed",
-        "kind",
         "method",
         "replayable",
         "reserved",
@@ -52,7 +54,6 @@ class Call:
         deadline: float | None,
         keyed: bool,
         started: float,
-        kind: str = "",
     ) -> None:
         self.id = call_id
         self.host = host
@@ -66,10 +67,21 @@ class Call:
         self.attempts = 0
         self.signal = Signal.LOCAL_FAILURE
         self.floor_s = 0.0  # the server's requested wait after the last attempt
-        self.kind = kind  # what kind of request, for timeout hints (client_sdk.kinds)
+        self._request = request
+        self._kind: str | None = None
         self.hint_s: float | None = None  # the hint that bounded this attempt (no deadline set)
         self.reserved = False  # a retry token taken before an attempt the hint may cut
         self.stop: Stop | None = None
+
+    @property
+    def kind(self) -> str:
+        """What kind of request this is, for timeout hints (client_sdk.kinds); worked out on first use.
+
+        Only calls to a server that sends hints need it, so others never parse their body.
+        """
+        if self._kind is None:
+            self._kind = request_kind(self._request)
+        return self._kind
 
     def __repr__(self) -> str:
         return f"<Call #{self.id} {self.method} {self.host} attempts={self.attempts} signal={self.signal.value}>"

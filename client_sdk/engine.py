@@ -4,8 +4,8 @@ Theory of operation: one logical call is a `Call`. The transports (thin shells
 in `client_sdk.transport`) drive it with tenacity, and tenacity's hooks are
 this engine's methods, so sync and async make identical decisions:
 
-    begin()          throttle check, budget deposit, headers, idempotency key, deadline,
-                     the request's kind (client_sdk.kinds)
+    begin()          throttle check, budget deposit, headers, idempotency key, deadline
+                     (the request's kind, client_sdk.kinds, is worked out when a hint needs it)
     before_attempt() x-request-timeout-ms = remaining budget; per-attempt timeout =
                      the remaining budget, or, when the caller set no deadline, the
                      hint for this kind of request if a cut can be followed by a retry
@@ -47,7 +47,6 @@ from client_sdk.config import DEFAULT_OPTIONS, EXTENSION, CallOptions, RetryConf
 from client_sdk.errors import DeadlineExceeded, RetryBudgetExhausted, ThrottledLocally
 from client_sdk.events import NULL_HOOKS, AttemptInfo, CallSummary, Hooks, RetryInfo, Stop
 from client_sdk.hosts import HostStatistics, HostTable, host_key
-from client_sdk.kinds import request_kind
 from client_sdk.rules import may_retry
 from client_sdk.signals import THROTTLE, Signal, Verdict
 
@@ -108,7 +107,7 @@ class Engine:
         keyed = ensure_idempotency_key(request, opts, self.config.auto_idempotency_key, self.key_factory)
         budget_s = opts.deadline_s or signals.caller_timeout_s(request.headers) or self.config.deadline_s
         deadline = now + budget_s if budget_s is not None else None
-        return Call(next(self._ids), host, request, deadline, keyed, now, request_kind(request))
+        return Call(next(self._ids), host, request, deadline, keyed, now)
 
     def before_attempt(self, call: Call, request: httpx.Request) -> float | None:
         """Stamp the remaining budget on the request; returns it (seconds) or None."""
@@ -146,8 +145,12 @@ class Engine:
             return None
         now = self.clock()
         with self._lock:
+            if not len(self._hosts.get(call.host).hints):
+                return None  # this host never sent a hint: no body to look at
+        kind = call.kind  # parses the body: outside the lock
+        with self._lock:
             state = self._hosts.get(call.host)
-            hint = state.hints.get(call.kind)
+            hint = state.hints.get(kind)
             caller_read = call.base_timeout.get("read")
             if hint is None or (caller_read is not None and hint >= caller_read):
                 return None  # no hint for this kind, or the caller's own timeout comes first
@@ -174,6 +177,7 @@ class Engine:
             hint, hint_key = None, ""
         verdict = THROTTLE[call.signal]
         cut_by_hint = call.signal is Signal.READ_TIMEOUT and call.hint_s is not None
+        kind = call.kind if hint is not None or cut_by_hint else ""  # parses the body: outside the lock
         now = self.clock()
         with self._lock:
             self._attempts += 1
@@ -185,14 +189,14 @@ class Engine:
                 headers = response.headers if response is not None else None
                 state.last_failure = signals.failure_name(status, headers, exc)
             if hint is not None:
-                state.hints.learn(call.kind, hint_key, hint)
+                state.hints.learn(kind, hint_key, hint)
             elif cut_by_hint:
                 # The hint cut this attempt off: the server got slower than the p99 the
                 # hint came from. Back it off, as TCP doubles its retransmission timer
                 # (RFC 6298 5.5), until a response brings a fresh one. Otherwise every
                 # attempt is abandoned at the old p99 and nothing ever answers with a
                 # newer hint.
-                state.hints.back_off(call.kind, call.hint_s)
+                state.hints.back_off(kind, call.hint_s)
             if call.reserved and not cut_by_hint:
                 state.budget.refund()  # it answered: the retry the hint paid for is not needed
                 call.reserved = False

@@ -213,7 +213,7 @@ def main() -> None:
             m = summary[label]["median"]
             targets.append(target(f"sdk_attempts_per_call_{where}", m["amplification"], "<=", TARGETS["amplification"]))
             targets.append(target(f"sdk_recovery_s_{where}", m["recovery_s"], "<=", TARGETS["recovery_s"]))
-    for name in ("sdk_nodeadline", "openai", "openai_sdk"):
+    for name in ("sdk_nodeadline", "openai_defaults", "openai_sdk"):
         if name in summary_mixed:
             value = summary_mixed[name]["median"]["false_failures_per_1000"]
             targets.append(

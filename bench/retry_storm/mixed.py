@@ -10,8 +10,8 @@ call's attempts at the timeout hint that short calls had set, and failed it.
 
 The trace is open loop, Poisson at `RATE_RPS`, each call short (max_tokens
 `SHORT_TOKENS`, ~0.1 s) or long (`LONG_TOKENS`, ~4 s) by a seeded draw, the same for
-every population: sdk_nodeadline (client_sdk.AsyncClient), openai (the plain OpenAI
-SDK) and openai_sdk (the OpenAI SDK over client_sdk's transport, the README's set-up).
+every population: sdk_nodeadline (client_sdk.AsyncClient), openai_defaults (the plain OpenAI
+SDK as it comes) and openai_sdk (the OpenAI SDK over client_sdk's transport, the README's set-up).
 Each runs on fresh processes, interleaved within a repeat. Calls released in the
 warm-up are not counted.
 """

@@ -17,17 +17,20 @@ so the client itself never queues); they differ only in how they retry:
   Its attempts are counted with `Hooks.on_attempt`; which call an attempt
   belongs to travels in a ContextVar (each call is its own trio task, and the
   SDK calls hooks synchronously inside it).
-- openai: the plain OpenAI SDK (`openai.AsyncOpenAI`) with its defaults
-  (max_retries=2, a 600 s timeout, its own backoff, Retry-After honoured up to
-  60 s), no client_sdk: what most app teams run. Attempts are counted by an
-  inner httpx transport.
+- openai: the plain OpenAI SDK (`openai.AsyncOpenAI`, no client_sdk) with its
+  own retries (max_retries=2: its backoff, Retry-After honoured up to 120 s,
+  x-should-retry obeyed) and the sdk population's 3 s: `timeout=3` and, so the
+  sidecar knows it too, `x-request-timeout-ms: 3000` on every attempt (a static
+  header: each retry claims a fresh 3 s). Attempts are counted by an inner httpx
+  transport.
 - openai_oldheaders: the same, but the inner transport removes `retry-after-ms`
   and `x-should-retry` from every answer: what the OpenAI SDK saw from the
   sidecar before it sent them (only `retry-after`, in whole seconds rounded up).
   With the sidecar only (the pod sends neither).
 
-For the mixed workload (bench/retry_storm/mixed.py: no deadline, a healthy pod),
-two more: sdk_nodeadline (client_sdk.AsyncClient, no deadline) and openai_sdk
+For the mixed workload (bench/retry_storm/mixed.py: no deadline, a healthy pod):
+sdk_nodeadline (client_sdk.AsyncClient, no deadline), openai_defaults (the
+OpenAI SDK exactly as it comes: max_retries=2, 600 s timeout) and openai_sdk
 (the OpenAI SDK over `client_sdk.AsyncResilientTransport`, max_retries=0: the
 README's set-up). Each call there carries its own body (`Call.body`).
 
@@ -230,16 +233,24 @@ class OpenAIPlain:
     """The OpenAI SDK as app teams run it: its own retries and timeouts, nothing of ours."""
 
     name = "openai"
-    describe = "openai.AsyncOpenAI with its defaults (max_retries=2, 600 s timeout), no client_sdk"
+    describe = (
+        f"openai.AsyncOpenAI, no client_sdk: max_retries=2 (its default), timeout={SDK_DEADLINE_S:g} s and "
+        f"x-request-timeout-ms: {SDK_DEADLINE_S * 1000:g} on every attempt"
+    )
     sidecar_modes = (False, True)
     strip: tuple[str, ...] = ()
     max_retries = 2
+    timeout_s: float | None = SDK_DEADLINE_S  # None: the OpenAI SDK's default (600 s), no deadline header
 
     def __init__(self, base_url: str, path: str, body: bytes, recorder: Recorder) -> None:
         self.recorder, self.body = recorder, body
         self.http = httpx.AsyncClient(transport=self._transport(recorder), timeout=None)
+        options: dict = {}
+        if self.timeout_s is not None:
+            options["timeout"] = self.timeout_s
+            options["default_headers"] = {"x-request-timeout-ms": str(round(self.timeout_s * 1000))}
         self.oai = openai.AsyncOpenAI(
-            base_url=base_url + "/v1", api_key="unused", http_client=self.http, max_retries=self.max_retries
+            base_url=base_url + "/v1", api_key="unused", http_client=self.http, max_retries=self.max_retries, **options
         )
 
     def _transport(self, recorder: Recorder) -> httpx.AsyncBaseTransport:
@@ -268,12 +279,21 @@ class OpenAIOldHeaders(OpenAIPlain):
     strip = ("retry-after-ms", "x-should-retry")
 
 
+class OpenAIDefaults(OpenAIPlain):
+    name = "openai_defaults"
+    describe = "openai.AsyncOpenAI exactly as it comes (max_retries=2, 600 s timeout, no deadline header)"
+    timeout_s = None
+
+
 class OpenAIOverSdk(OpenAIPlain):
     """The README's set-up: the OpenAI SDK's retries off, client_sdk's transport doing them."""
 
     name = "openai_sdk"
-    describe = "openai.AsyncOpenAI(max_retries=0) over client_sdk.AsyncResilientTransport (default RetryConfig)"
+    describe = (
+        "openai.AsyncOpenAI(max_retries=0) over client_sdk.AsyncResilientTransport (default RetryConfig), no deadline"
+    )
     max_retries = 0
+    timeout_s = None
 
     def _transport(self, recorder: Recorder) -> httpx.AsyncBaseTransport:
         self.resilient = client_sdk.AsyncResilientTransport(_CountingTransport(recorder))
@@ -290,4 +310,4 @@ class OpenAIOverSdk(OpenAIPlain):
 
 
 POPULATIONS = {p.name: p for p in (Naive, Fixed, Sdk, OpenAIPlain, OpenAIOldHeaders)}
-MIXED_POPULATIONS = {p.name: p for p in (SdkNoDeadline, OpenAIPlain, OpenAIOverSdk)}
+MIXED_POPULATIONS = {p.name: p for p in (SdkNoDeadline, OpenAIDefaults, OpenAIOverSdk)}
