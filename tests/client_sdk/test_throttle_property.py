@@ -16,7 +16,7 @@ overload.
 from __future__ import annotations
 
 import httpx
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from client_sdk import ResilientTransport, RetryConfig, wire
@@ -96,7 +96,11 @@ def drive(outcomes: list[Outcome], gaps: list[float], config: RetryConfig) -> li
     return seen
 
 
-@settings(deadline=None, max_examples=150)
+# No deadline, and no "input generation is slow" check: the machines are shared and busy.
+SHARED_MACHINE = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+
+
+@settings(max_examples=150, **SHARED_MACHINE)
 @given(
     outcomes=st.lists(answers, min_size=1, max_size=80),
     gaps=st.lists(st.floats(0.0, 4.0), min_size=1, max_size=60),
@@ -111,7 +115,7 @@ def test_never_refuses_while_the_window_holds_fewer_than_the_minimum(
             assert not refused
 
 
-@settings(deadline=None, max_examples=100)
+@settings(max_examples=100, **SHARED_MACHINE)
 @given(
     outcomes=st.lists(healthy, min_size=1, max_size=80),
     gaps=st.lists(st.floats(0.0, 4.0), min_size=1, max_size=80),
