@@ -258,6 +258,7 @@ class App:
             "policy": {"version": self.version.version, "source": self.version.source},
             "server": self.data_server.statistics(),
             "admission": self.scheduler.statistics(),
+            "routes": self.scheduler.controller.estimator.statistics(),  # unmatched paths, costed by shape
             "shedding": self.gate.shedder.statistics(),
             "tenants": self.gate.tenants.statistics() if self.gate.tenants else None,
             "gpu_memory_pressure": self.gate.gpu_memory_fraction,

@@ -22,6 +22,24 @@ proxy for KV-cache use). An `x-cost-hint` replaces the total; the body's split
 between prompt and output (when it parses) is kept so the service-time model
 still sees the shape, scaled to the hint.
 
+Routes by shape: OpenAI-compatible servers differ in their prefixes
+(`/embeddings` against `/v1/embeddings`, `/embed`, `/completion`). A request
+that no route names (the path falls to the catch-all "/" route of kind fixed,
+or to none) but whose body is a JSON object with `messages`, `prompt` or
+`input` is costed as chat, completions or embeddings, by the first `[[routes]]`
+entry of that kind (its priors, its service-time model), or, when the policy has
+none of that kind, by the catch-all's figures under the catch-all's model. Such
+costs say `CostSource.SHAPE`. Which paths went unmatched is counted in a
+Space-Saving table of `MAX_UNMATCHED_PATHS` (paths come from clients: the table
+and each path are bounded; a path sent often enough is always in it, however many
+one-off paths an attacker sends) for /admin/stats.
+
+Depth: msgspec decodes (and skips unknown fields) recursively, bounded by the
+interpreter's recursion limit; a body nested deeper than that (1,000 `[`, 2 KB)
+raises RecursionError. That is caught here, cleanly (msgspec unwinds in C), and
+flagged `TOO_DEEP`: the classifier answers it 400 (proxy/runtime/classify.py),
+since no model server wants it either.
+
 Pure, no I/O. Hand-written because the fields and fallbacks are ours; msgspec
 does the parsing.
 """
@@ -43,6 +61,8 @@ class CostSource(enum.Enum):
     SIZE = "size"  # body above the parse cap
     INVALID_JSON = "invalid_json"
     UNEXPECTED_SHAPE = "unexpected_shape"
+    SHAPE = "shape"  # no route named the path; costed by the body's shape (messages / prompt / input)
+    TOO_DEEP = "too_deep"  # JSON nested deeper than the decoder's recursion bound: answered 400
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,16 +94,26 @@ class _Body(msgspec.Struct):
 _decode = msgspec.json.Decoder(_Body).decode
 
 
+SHAPE_KINDS = ("chat", "completions", "embeddings")
+MAX_UNMATCHED_PATHS = 32  # distinct unmatched paths /admin/stats names (Space-Saving counters)
+MAX_PATH_CHARS = 128  # longer paths are cut to this (and marked with "...") before counting
+
+
 class CostEstimator:
     """Estimates `Cost` for (path, body); built from the policy's routes."""
 
-    __slots__ = ("_fallback", "_max_bytes", "_routes")
+    __slots__ = ("_catch_all", "_fallback", "_max_bytes", "_routes", "_shape_routes", "unmatched")
 
     def __init__(self, routes, parse_max_bytes: int) -> None:
         # Longest prefix first, so the first match is the most specific route.
         self._routes = sorted(routes, key=lambda r: len(r.path_prefix), reverse=True)
         self._max_bytes = parse_max_bytes
         self._fallback = None if any(r.path_prefix == "/" for r in routes) else _FallbackRoute()
+        catch = self._fallback or next(r for r in routes if r.path_prefix == "/")
+        # Only a catch-all that does not read bodies means "no route names this path".
+        self._catch_all = catch if catch.kind == "fixed" and catch.by_shape else None
+        self._shape_routes = {k: _first_of_kind(routes, k) or _ShapeRoute.of(catch, k) for k in SHAPE_KINDS}
+        self.unmatched = UnmatchedPaths()
 
     def route_for(self, path: str):
         path = path.split("?", 1)[0]
@@ -94,33 +124,132 @@ class CostEstimator:
 
     def estimate(self, path: str, body: bytes, hint: int | None = None) -> Cost:
         route = self.route_for(path)
-        cost = self._from_body(route, body)
-        if hint is None:
+        if route is self._catch_all:
+            cost = self._by_shape(route, body)
+            self.unmatched.record(path, cost)
+        else:
+            cost = self._from_body(route, body)
+        if hint is None or cost.source is CostSource.TOO_DEEP:
             return cost
         total = cost.prompt_tokens + cost.output_tokens
         prompt = hint if total == 0 else round(hint * cost.prompt_tokens / total)
-        return Cost(prompt, hint - prompt, hint, CostSource.HINT, route.path_prefix)
+        return Cost(prompt, hint - prompt, hint, CostSource.HINT, cost.route)
+
+    def statistics(self) -> dict:
+        return self.unmatched.statistics()
 
     def _from_body(self, route, body: bytes) -> Cost:
         if route.kind == "fixed":
             return Cost(route.fixed_tokens, 0, route.fixed_tokens, CostSource.FIXED, route.path_prefix)
         if len(body) > self._max_bytes:
             return self._by_size(route, body, CostSource.SIZE)
+        parsed = self._decode(route, body)
+        return parsed if isinstance(parsed, Cost) else _parsed_cost(route, parsed)
+
+    def _by_shape(self, catch, body: bytes) -> Cost:
+        """An unmatched path: chat / completions / embeddings by the body's fields, else the catch-all."""
+        fixed = Cost(catch.fixed_tokens, 0, catch.fixed_tokens, CostSource.FIXED, catch.path_prefix)
+        if not body or len(body) > self._max_bytes or body.lstrip()[:1] != b"{":
+            return fixed
+        parsed = self._decode(catch, body)
+        if isinstance(parsed, Cost):
+            return parsed if parsed.source is CostSource.TOO_DEEP else fixed
+        kind = _shape_of(parsed)
+        if kind is None:
+            return fixed
+        cost = _parsed_cost(self._shape_routes[kind], parsed)
+        return Cost(cost.prompt_tokens, cost.output_tokens, cost.units, CostSource.SHAPE, cost.route)
+
+    def _decode(self, route, body: bytes) -> _Body | Cost:
         try:
-            parsed = _decode(body)
+            return _decode(body)
         except msgspec.ValidationError:
             return self._by_size(route, body, CostSource.UNEXPECTED_SHAPE)
         except msgspec.DecodeError:
             return self._by_size(route, body, CostSource.INVALID_JSON)
-        return _parsed_cost(route, parsed)
+        except RecursionError:  # nested past the recursion limit (see the module doc)
+            return self._by_size(route, body, CostSource.TOO_DEEP)
 
     def _by_size(self, route, body: bytes, source: CostSource) -> Cost:
         prompt = math.ceil(len(body) / route.chars_per_token)
-        output = 0 if route.kind == "embeddings" else route.default_max_tokens
+        output = 0 if route.kind in ("embeddings", "fixed") else route.default_max_tokens
         return Cost(prompt, output, prompt + output, source, route.path_prefix)
 
     def __repr__(self) -> str:
         return f"<CostEstimator routes={[r.path_prefix for r in self._routes]} parse_max_bytes={self._max_bytes}>"
+
+
+def _shape_of(b: _Body) -> str | None:
+    if b.messages is not None:
+        return "chat"
+    if b.prompt is not None:
+        return "completions"
+    if b.input is not None:
+        return "embeddings"
+    return None
+
+
+def _first_of_kind(routes, kind: str):
+    return next((r for r in routes if r.kind == kind), None)
+
+
+@dataclass(frozen=True, slots=True)
+class _ShapeRoute:
+    """A shape no route of the policy has: costed as `kind` with the catch-all's figures and model key."""
+
+    path_prefix: str
+    kind: str
+    chars_per_token: float
+    default_max_tokens: int
+
+    @classmethod
+    def of(cls, catch, kind: str) -> _ShapeRoute:
+        return cls(catch.path_prefix, kind, catch.chars_per_token, catch.default_max_tokens)
+
+
+class UnmatchedPaths:
+    """Which paths no route named, how often, and what their bodies were costed as.
+
+    Space-Saving (Metwally et al., 2005) over `capacity` counters: a path not in a full
+    table replaces the least counted one and inherits its count (+1), so any path with
+    more than total/capacity requests is always listed, and `overcount` bounds how much
+    a listed count may exceed the truth. O(1) for a listed path, O(capacity) otherwise.
+    """
+
+    __slots__ = ("_capacity", "_paths", "by_source", "total")
+
+    def __init__(self, capacity: int = MAX_UNMATCHED_PATHS) -> None:
+        self._capacity = capacity
+        self._paths: dict[str, list] = {}  # path -> [count, overcount, costed_as]
+        self.total = 0
+        self.by_source: dict[str, int] = {}
+
+    def record(self, path: str, cost: Cost) -> None:
+        path = path.split("?", 1)[0]
+        if len(path) > MAX_PATH_CHARS:
+            path = path[: MAX_PATH_CHARS - 3] + "..."
+        costed_as = cost.route if cost.source is CostSource.SHAPE else cost.source.value
+        self.total += 1
+        self.by_source[cost.source.value] = self.by_source.get(cost.source.value, 0) + 1
+        entry = self._paths.get(path)
+        if entry is not None:
+            entry[0] += 1
+            entry[2] = costed_as
+        elif len(self._paths) < self._capacity:
+            self._paths[path] = [1, 0, costed_as]
+        else:
+            victim = min(self._paths, key=lambda p: self._paths[p][0])
+            count = self._paths.pop(victim)[0]
+            self._paths[path] = [count + 1, count, costed_as]
+
+    def statistics(self) -> dict:
+        ranked = sorted(self._paths.items(), key=lambda kv: -kv[1][0])
+        return {
+            "unmatched_requests": self.total,
+            "by_source": dict(self.by_source),
+            "paths": [{"path": p, "requests": c, "overcount": o, "costed_as": k} for p, (c, o, k) in ranked],
+            "paths_tracked_max": self._capacity,
+        }
 
 
 def _parsed_cost(route, b: _Body) -> Cost:
@@ -182,8 +311,9 @@ class _FallbackRoute:
     kind = "fixed"
     fixed_tokens = 1
     chars_per_token = 4.0
-    default_max_tokens = 0
+    default_max_tokens = 256  # for a body costed by its shape (chat, completions) under this route
     base_ms = 50.0
     ms_per_prompt_token = 0.0
     ms_per_output_token = 0.0
     output_fill_ratio = 1.0
+    by_shape = True

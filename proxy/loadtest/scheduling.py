@@ -149,7 +149,13 @@ def policy_toml(
         lines[lines.index("[classes.chat]") : lines.index("[classes.chat]")] = [
             f"model_prior_samples = {ORACLE_PRIOR_SAMPLES:g}  # the true costs, so the hint's slope stays",
         ]
-        lines += ["[[routes]]", 'path_prefix = "/"', 'kind = "fixed"', "fixed_tokens = 0  # the hint is all prompt"]
+        lines += [
+            "[[routes]]",
+            'path_prefix = "/"',
+            'kind = "fixed"',
+            "fixed_tokens = 0  # the hint is all prompt",
+            "by_shape = false  # not costed as chat: the hint is the whole cost",
+        ]
     elif true_priors:
         lines += ["[[routes]]", 'path_prefix = "/v1/chat/completions"', 'kind = "chat"']
     else:

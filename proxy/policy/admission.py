@@ -204,6 +204,12 @@ class Route(Section):
             description="Prior for generated / requested output tokens (learned online from observed usage).",
         ),
     ] = 0.5
+    by_shape: Annotated[
+        bool,
+        Meta(
+            description='The catch-all (path_prefix "/", kind fixed) only: a body with messages, prompt or input is costed as chat, completions or embeddings by the first route of that kind (servers differ in prefixes: /embeddings, /completion); false: every unmatched request costs fixed_tokens.'
+        ),
+    ] = True
 
 
 def default_routes() -> list[Route]:

@@ -7,13 +7,16 @@ the body (or `x-cost-hint`), the budget from `x-request-timeout-ms` / `grpc-time
 (else the class default, capped at the class maximum) turned into an absolute
 deadline, and the tenant key for quotas. Malformed headers raise
 `proxy.core.wire.HeaderError`, naming the header, which the request path answers
-with 400 before any work is done.
+with 400 before any work is done; so does a JSON body nested past what the cost
+decoder will recurse into (`BodyError`, a HeaderError naming the body: issue 13
+defect 8, formerly a 500 from a RecursionError).
 """
 
 from __future__ import annotations
 
 from proxy.core import deadline as dl
 from proxy.core import wire
+from proxy.core.cost import CostSource
 from proxy.core.decisions import Ticket
 from proxy.core.token_bucket import tenant_key
 from proxy.http.messages import Request
@@ -24,6 +27,13 @@ _GRPC_TIMEOUT = wire.GRPC_TIMEOUT.encode()
 _COST_HINT = wire.COST_HINT.encode()
 _TENANT = wire.TENANT.encode()
 _AUTHORIZATION = b"authorization"
+
+
+class BodyError(wire.HeaderError):
+    """The request body cannot be costed safely (answered 400, like a malformed header)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__("request body", problem)
 
 
 def classify(request: Request, body: bytes, now: float, scheduler, policy) -> Ticket:
@@ -47,6 +57,8 @@ def classify(request: Request, body: bytes, now: float, scheduler, policy) -> Ti
     budget = dl.budget_ms(timeout, grpc_timeout, default_ms=limits.default_timeout_ms, max_ms=limits.max_timeout_ms)
     hint = None if cost_hint is None else wire.parse_cost_hint(cost_hint)
     cost = scheduler.estimate(request.path.decode("latin-1"), body, hint)
+    if cost.source is CostSource.TOO_DEEP:
+        raise BodyError("JSON nested too deeply (the sidecar parses bodies to estimate their cost)")
     tenant = b""
     if policy.tenants.enabled:
         tenant = tenant_key(x_tenant, authorization, trust_x_tenant=policy.tenants.trust_x_tenant)

@@ -177,3 +177,119 @@ def test_chat_estimate_matches_a_reference_count(messages, max_tokens, n):
     cost = CostEstimator(default_routes(), 1 << 20).estimate(CHAT, body(payload))
     assert cost.prompt_tokens == math.ceil(chars / 4)
     assert cost.output_tokens == (256 if max_tokens is None else max_tokens) * n
+
+
+# --- routes by shape (issue 12 item 5) -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path, obj, route, tokens",
+    [
+        ("/embeddings", {"input": "a" * 8, "model": "e"}, EMB, (2, 0)),
+        ("/embed", {"input": ["aaaa", "bbbb"]}, EMB, (2, 0)),
+        ("/chat/completions", {"messages": [{"role": "user", "content": "x" * 8}], "max_tokens": 5}, CHAT, (2, 5)),
+        ("/completion", {"prompt": "y" * 12, "max_tokens": 3}, COMPL, (3, 3)),
+        ("/v2/generate", {"prompt": [[1, 2], [3]], "max_tokens": 2}, COMPL, (3, 4)),
+    ],
+)
+def test_unmatched_paths_are_costed_by_their_bodys_shape(est, path, obj, route, tokens):
+    cost = est.estimate(path, body(obj))
+    assert (cost.route, (cost.prompt_tokens, cost.output_tokens), cost.source) == (route, tokens, CostSource.SHAPE)
+
+
+@pytest.mark.parametrize("raw", [b"", b"{}", b'{"inputs": [1]}', b"not json", b'{"messages": "x"}', b"[1, 2]"])
+def test_unmatched_bodies_of_no_known_shape_stay_fixed(est, raw):
+    assert est.estimate("/v2/models/m/infer", raw) == Cost(1, 0, 1, CostSource.FIXED, "/")
+
+
+def test_a_named_route_is_never_second_guessed_by_shape(est):
+    # /v1/embeddings is named: a chat-shaped body there is still costed as embeddings.
+    cost = est.estimate(EMB, body({"messages": [{"content": "abcd"}], "input": "a" * 8}))
+    assert (cost.route, cost.source, cost.output_tokens) == (EMB, CostSource.PARSED, 0)
+
+
+def test_without_a_route_of_that_kind_the_catch_all_figures_cost_it():
+    e = CostEstimator([Route(path_prefix="/", kind="fixed", chars_per_token=2.0, default_max_tokens=9)], 4096)
+    cost = e.estimate("/chat", body({"messages": [{"content": "abcd"}]}))
+    assert cost == Cost(2, 9, 11, CostSource.SHAPE, "/")  # 4 chars / 2, the catch-all's default output
+    # And with no "/" route at all, the built-in fallback's (under its "/" model).
+    e = CostEstimator([Route(path_prefix="/v1/chat/completions", kind="chat")], 4096)
+    assert e.estimate("/embed", body({"input": "a" * 8})) == Cost(2, 0, 2, CostSource.SHAPE, "/")
+
+
+def test_by_shape_false_keeps_the_catch_all_fixed():
+    e = CostEstimator([Route(path_prefix="/", kind="fixed", fixed_tokens=0, by_shape=False)], 4096)
+    assert e.estimate("/v1/chat/completions", body({"messages": []}), hint=7) == Cost(7, 0, 7, CostSource.HINT, "/")
+    assert e.statistics()["unmatched_requests"] == 0
+
+
+def test_a_hint_keeps_the_shape_split_and_route(est):
+    cost = est.estimate("/embeddings", body({"input": "a" * 40}), hint=30)
+    assert cost == Cost(30, 0, 30, CostSource.HINT, EMB)
+
+
+def test_stats_name_the_unmatched_paths_and_what_they_were_costed_as(est):
+    for _ in range(3):
+        est.estimate("/embeddings?x=1", body({"input": "abc"}))
+    est.estimate("/health", b"")
+    est.estimate(CHAT, body({"messages": []}))  # matched: not counted
+    stats = est.statistics()
+    assert stats["unmatched_requests"] == 4
+    assert stats["by_source"] == {"shape": 3, "fixed": 1}
+    assert stats["paths"][0] == {"path": "/embeddings", "requests": 3, "overcount": 0, "costed_as": EMB}
+    assert stats["paths"][1]["path"] == "/health" and stats["paths"][1]["costed_as"] == "fixed"
+
+
+def test_unmatched_path_table_is_bounded_and_keeps_heavy_hitters():
+    from proxy.core.cost import MAX_PATH_CHARS, MAX_UNMATCHED_PATHS, UnmatchedPaths
+
+    table = UnmatchedPaths()
+    fixed = Cost(1, 0, 1, CostSource.FIXED, "/")
+    for i in range(5000):  # an attacker's one-off paths, with a real client's path among them
+        table.record(f"/junk/{i}/" + "z" * 500, fixed)
+        if i % 4 == 0:
+            table.record("/embeddings", fixed)
+    stats = table.statistics()
+    assert len(stats["paths"]) == MAX_UNMATCHED_PATHS and stats["unmatched_requests"] == 5000 + 1250
+    assert stats["paths"][0]["path"] == "/embeddings"  # > total / capacity: always listed
+    top = stats["paths"][0]
+    assert top["requests"] - top["overcount"] <= 1250 <= top["requests"]  # Space-Saving's guarantee
+    assert all(len(p["path"]) <= MAX_PATH_CHARS for p in stats["paths"])
+
+
+@given(st.lists(st.sampled_from([f"/p{i}" for i in range(12)]), max_size=300), st.integers(1, 8))
+def test_space_saving_counts_bound_the_truth(paths, capacity):
+    from proxy.core.cost import UnmatchedPaths
+
+    table = UnmatchedPaths(capacity)
+    for p in paths:
+        table.record(p, Cost(1, 0, 1, CostSource.FIXED, "/"))
+    listed = table.statistics()["paths"]
+    assert len(listed) <= capacity and sum(e["requests"] for e in listed) == len(paths)
+    for e in listed:
+        assert e["requests"] - e["overcount"] <= paths.count(e["path"]) <= e["requests"]
+
+
+# --- bodies nested past the decoder's recursion bound (issue 13 defect 8) ----------------
+
+
+def _deep(field: str) -> bytes:
+    return (f'{{"{field}": ' + "[" * 1990 + "]" * 1990 + "}").encode()  # 4 KB, within parse_max_bytes
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPL, EMB, "/embeddings"])
+@pytest.mark.parametrize("field", ["prompt", "input", "other"])
+def test_deep_nesting_is_flagged_not_raised(est, path, field):
+    # prompt / input decode as Any, unknown fields are skipped: both recurse inside msgspec.
+    cost = est.estimate(path, _deep(field), hint=10)
+    assert cost.source is CostSource.TOO_DEEP  # and a hint does not launder it
+    assert cost.units == cost.prompt_tokens + cost.output_tokens > 0
+
+
+def test_deep_nesting_where_the_body_is_not_read_or_fails_first(est):
+    assert est.estimate("/v1/models", _deep("other")).source is CostSource.TOO_DEEP  # unmatched: sniffed
+    named_fixed = CostEstimator([Route(path_prefix="/v2", kind="fixed")], 4096)
+    assert named_fixed.estimate("/v2/x", _deep("other")).source is CostSource.FIXED  # a named fixed route: not read
+    # messages must be a list of objects: validation stops at the first inner list, no recursion.
+    assert est.estimate(CHAT, _deep("messages")).source is CostSource.UNEXPECTED_SHAPE
+    assert est.estimate("/chat", _deep("messages")).source is CostSource.FIXED
