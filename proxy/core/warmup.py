@@ -15,9 +15,15 @@ concurrency), and `record()`s each result as it completes. `verdict()` is:
 
 Criteria, per shape, over its results in completion order:
 - `StableLatency(last_n, within_pct)`: the last `last_n` probes all succeeded
-  and their latencies agree: (max - min) / min <= within_pct / 100. First
-  requests are slow while kernels compile; when consecutive latencies stop
-  falling, the shape is warm.
+  and latency has stopped falling: none of the last `last_n - 1` is more than
+  `within_pct` % faster than the fastest probe before them. First requests are
+  slow while kernels compile; once the newest probes no longer beat the old
+  best, the shape is warm. This holds whenever the old rule did (the last
+  `last_n` agree within `within_pct`: (max - min) / min) and also on servers
+  whose latencies jitter by more than that (a CPU server's +-30 % kept the old
+  rule failing until every probe was spent, then a retry: 29 s before ready for
+  a model up after 1.2 s), while a cold penalty that is still being paid off
+  (each probe faster than the last) keeps it false.
 - `FixedCount(successes)`: at least `successes` probes succeeded.
 
 Pure: latencies are measured by the caller; nothing here reads a clock.
@@ -65,10 +71,13 @@ def criterion_met(criterion: Criterion, results: Sequence[ProbeResult]) -> bool:
     """Whether one shape's results (in completion order) satisfy `criterion`."""
     if isinstance(criterion, FixedCount):
         return sum(r.ok for r in results) >= criterion.successes
-    tail = results[-criterion.last_n :]
-    if len(tail) < criterion.last_n or not all(r.ok for r in tail):
+    n = criterion.last_n
+    tail = results[-n:]
+    if len(tail) < n or not all(r.ok for r in tail):
         return False
-    return spread_pct([r.latency_s for r in tail]) <= criterion.within_pct
+    newest = min(r.latency_s for r in results[-(n - 1) :])
+    best_before = min(r.latency_s for r in results[: len(results) - (n - 1)] if r.ok)
+    return newest >= best_before * (1.0 - criterion.within_pct / 100.0)
 
 
 def spread_pct(latencies: Sequence[float]) -> float:

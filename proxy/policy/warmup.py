@@ -65,11 +65,22 @@ class Warmup(Section):
     """Health checks, restart detection and warm-up probes, per upstream."""
 
     health_path: Annotated[
-        UrlPath,
+        str,
         Meta(
-            description="Active health check path; any 2xx is healthy (vLLM and the sim-pod answer 503 while loading)."
+            pattern=r"^(/[^\s#]*)?$",
+            description="Active health check path; any 2xx is healthy (vLLM and the sim-pod answer 503 while loading). Empty: discover it, trying health_candidates in order (/readyz says which answered).",
         ),
-    ] = "/health"
+    ] = ""
+    health_candidates: Annotated[
+        list[UrlPath],
+        Meta(
+            min_length=1,
+            max_length=16,
+            description="With health_path empty, the paths tried in order until one answers 2xx (then only it is asked); a 404/405/401/403 moves on, another 4xx or a 5xx means not ready yet.",
+        ),
+    ] = msgspec.field(
+        default_factory=lambda: ["/health", "/healthz", "/v2/health/ready", "/ping", "/v1/models", "/models"]
+    )
     health_interval_s: Annotated[float, Meta(ge=0.05, le=3600, description="Seconds between active health checks.")] = (
         2.0
     )

@@ -9,9 +9,12 @@ so the only deadlines are the trio cancel scopes set here and by the caller
 (one absolute deadline flows down), and no HTTP_PROXY in a pod's environment
 ever diverts a probe.
 
-- `check_health`: one GET of the health path; healthy on any 2xx. If the answer
-  is a JSON object, the values of the policy's identity keys (instance_id,
-  started_at) identify the process, so a restart between two checks is noticed.
+- `check_health`: one health round (`proxy.core.health.HealthDiscovery`): a GET
+  of the configured health path, or of the discovered one, or of each candidate
+  in turn until one says anything; healthy on a 2xx. If the answer is a JSON
+  object, the values of the policy's identity keys (instance_id, started_at)
+  identify the process, so a restart between two checks is noticed. The whole
+  round is bounded by `health_timeout_ms` (each GET gets what is left).
 - `run_probes`: drives a `proxy.core.warmup.ProbePlan` with `concurrency`
   workers until its verdict is in; each probe gets its own deadline
   (`probe_timeout_ms`) inside whatever deadline the caller set for the whole
@@ -27,6 +30,7 @@ import httpx
 import msgspec
 import trio
 
+from proxy.core.health import Answer, HealthDiscovery, Tried, answer_of
 from proxy.core.warmup import FixedCount, ProbePlan, ProbeResult, StableLatency, Verdict
 from proxy.policy.warmup import Probe, Warmup
 
@@ -38,7 +42,7 @@ MAX_IDENTITY_BODY = 65_536
 class HealthResult:
     ok: bool
     identity: tuple[str, ...] | None
-    detail: str  # status code, "timeout" or the transport error
+    detail: str  # what was tried and answered, for /readyz
 
 
 def new_client(max_connections: int, transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
@@ -50,17 +54,33 @@ def new_client(max_connections: int, transport: httpx.AsyncBaseTransport | None 
     )
 
 
-async def check_health(client: httpx.AsyncClient, base_url: str, warmup: Warmup) -> HealthResult:
-    """One active health check, bounded by `warmup.health_timeout_ms` within the caller's deadline."""
-    with trio.move_on_after(warmup.health_timeout_ms / 1000):
-        try:
-            response = await client.get(base_url + warmup.health_path)
-        except httpx.HTTPError as exc:
-            return HealthResult(False, None, _error(exc))
-        ok = 200 <= response.status_code < 300
-        identity = identity_of(response.content, warmup.identity_keys)  # also from a 503 "loading"
-        return HealthResult(ok, identity, str(response.status_code))
-    return HealthResult(False, None, "timeout")
+async def check_health(
+    client: httpx.AsyncClient, base_url: str, warmup: Warmup, discovery: HealthDiscovery
+) -> HealthResult:
+    """One health round, bounded by `warmup.health_timeout_ms` within the caller's deadline."""
+    tried: list[Tried] = []
+    identity = None
+    paths = discovery.paths()
+    with trio.move_on_after(warmup.health_timeout_ms / 1000) as round_scope:
+        for path in paths:
+            answer, identity = await _health_get(client, base_url + path, warmup)
+            tried.append(Tried(path, *answer))
+            if not discovery.keep_going(tried[-1]):
+                break
+    if round_scope.cancelled_caught:  # the GET in flight got no answer in time
+        tried.append(Tried(paths[len(tried)], "timeout", Answer.DOWN))
+    ok = discovery.conclude(tried)
+    return HealthResult(ok, identity, discovery.describe())
+
+
+async def _health_get(client: httpx.AsyncClient, url: str, warmup: Warmup):
+    """((detail, answer), identity) of one GET; a timeout is the caller's cancel scope."""
+    try:
+        response = await client.get(url)
+    except httpx.HTTPError as exc:
+        return (_error(exc), Answer.DOWN), None
+    identity = identity_of(response.content, warmup.identity_keys)  # also from a 503 "loading"
+    return (str(response.status_code), answer_of(response.status_code)), identity
 
 
 def identity_of(body: bytes, keys: Sequence[str]) -> tuple[str, ...] | None:
@@ -69,7 +89,7 @@ def identity_of(body: bytes, keys: Sequence[str]) -> tuple[str, ...] | None:
         return None
     try:
         data = msgspec.json.decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # a server's answer is input too
         return None
     if not isinstance(data, dict):
         return None

@@ -11,7 +11,9 @@ ready while at least one upstream is ramping or warm. It is what the app holds:
   answer 503 not_ready with Retry-After `readiness.retry_after_ms`;
 - `report_result(i, ok)`: passive failure detection from the request path;
 - `limit_factor(i)`: slow-start multiplier of upstream i's admission limit;
-- `readiness()`: (ready, one line per upstream) for /readyz;
+- `readiness()`: (ready, one line per upstream) for /readyz, and `not_ready_reason()`
+  the same for the message of a not_ready rejection (which health paths were
+  tried and what they answered, so a client is not left guessing);
 - `statistics()` for /admin/stats, `update_policy()` on reload.
 
 Waking readiness waiters: one `trio.Event`, set when the sidecar becomes ready and
@@ -106,6 +108,10 @@ class UpstreamLifecycles:
         now = now_or_zero()
         detail = "; ".join(f"upstream {w.index} {w.describe(now)}" for w in self.warmers)
         return self.ready, ("ready: " if self.ready else "not ready: ") + detail
+
+    def not_ready_reason(self) -> str:
+        """The message of a not_ready rejection: what each upstream is doing, or what its health check found."""
+        return "the model server is not warm yet: " + self.readiness()[1].removeprefix("not ready: ")
 
     def statistics(self) -> ReadinessStatistics:
         now = now_or_zero()

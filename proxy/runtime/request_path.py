@@ -138,7 +138,7 @@ class RequestPath:
         with trio.move_on_at(ticket.deadline) as deadline:
             if not app.lifecycles.ready and not await app.lifecycles.hold_until_ready(ticket.deadline):
                 retry_ms = app.policy.readiness.retry_after_ms
-                refusal = Reject(wire.Reason.NOT_READY, retry_ms, "the model server is not warm yet")
+                refusal = Reject(wire.Reason.NOT_READY, retry_ms, app.lifecycles.not_ready_reason())
             else:
                 async with app.scheduler.admit(ticket) as slot:
                     if slot.rejection is not None:

@@ -5,7 +5,11 @@ Theory of operation: an `UpstreamWarmer` owns one pure
 
 - the health loop: one active check (`proxy.runtime.probes.check_health`)
   every `warmup.health_interval_s`, whatever the state, so a restart (identity
-  change) or a dead server is noticed even while warm;
+  change) or a dead server is noticed even while warm; while the upstream is
+  cold or unhealthy and its checks fail, sooner (`proxy.core.health.next_check_in`:
+  from 0.1 s backing off to the interval), so a model that comes up is seen
+  within a fraction of a second. The health path is the configured one or the
+  one its `HealthDiscovery` found; `describe()` says which, or what was tried;
 - the warm loop: waits for PROBING, runs one warm-up attempt under the
   `overall_timeout_s` deadline, reports the verdict, then sleeps through the
   slow-start ramp until RAMPING ends (or waits `retry_interval_s` after a
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 import httpx
 import trio
 
+from proxy.core.health import Answer, HealthDiscovery, next_check_in
 from proxy.core.lifecycle import Event, LifecycleStatistics, State, Transition, UpstreamLifecycle
 from proxy.core.slow_start import slow_start_factor
 from proxy.core.warmup import ProbePlan, ProbeResult, ShapeStatistics
@@ -43,6 +48,7 @@ log = logging.getLogger("rampmeter.warmup")
 RAMP_GAUGE_STEP_S = 1.0  # how often slow_start_factor is refreshed during a ramp
 _LOSABLE = (State.PROBING, State.RAMPING, State.WARM)
 _LOSS_EVENTS = (Event.RESTARTED, Event.HEALTH_LOST, Event.FAILURE_STREAK)
+_SEARCHING = (State.COLD, State.UNHEALTHY)  # not in service: checked sooner while checks fail
 
 
 def now_or_zero() -> float:
@@ -61,6 +67,7 @@ class UpstreamWarmupStatistics:
     probes: tuple[ShapeStatistics, ...]  # the running or last warm-up attempt
     last_warmup_s: float | None
     last_problem: str  # last failed health check or warm-up, for /readyz and humans
+    health: str  # which health path is used (configured or discovered), or what was tried
 
 
 class UpstreamWarmer:
@@ -76,6 +83,10 @@ class UpstreamWarmer:
         )
         self.last_warmup_s: float | None = None
         self.last_problem = ""
+        self.discovery = _discovery(policy)
+        self._health_failures = 0  # consecutive failed checks, for the backoff while not in service
+        self._logged_path: str | None = None  # the discovered health path last logged
+        self._warned_none = False  # "no candidate answers 2xx" logged since
         self._label = metrics.upstream(index)  # the address, as dashboards show it
         self._on_change = on_change
         self._changed = trio.Event()
@@ -90,6 +101,8 @@ class UpstreamWarmer:
 
     def update_policy(self, policy: Policy) -> None:
         """Thresholds apply at once; probes and timeouts at the next check or attempt."""
+        if _discovery_settings(policy) != _discovery_settings(self.policy):
+            self.discovery = _discovery(policy)
         self.policy = policy
         self.lifecycle.unhealthy_after = policy.warmup.unhealthy_after
         self.lifecycle.failure_streak = policy.warmup.failure_streak
@@ -104,11 +117,27 @@ class UpstreamWarmer:
 
     async def _health_loop(self, client: httpx.AsyncClient) -> None:
         while True:
-            result = await check_health(client, self.url, self.policy.warmup)
+            warmup = self.policy.warmup
+            result = await check_health(client, self.url, warmup, self.discovery)
+            self._health_failures = 0 if result.ok else self._health_failures + 1
             if not result.ok:
-                self.last_problem = f"health check: {result.detail}"
+                self.last_problem = result.detail  # "health /health 503", "health: tried ...", ...
+            self._log_discovery(result.ok)
             self.apply(self.lifecycle.health(trio.current_time(), result.ok, result.identity))
-            await trio.sleep(self.policy.warmup.health_interval_s)
+            failures = self._health_failures if self.lifecycle.state in _SEARCHING else 0
+            await trio.sleep(next_check_in(failures, warmup.health_interval_s))
+
+    def _log_discovery(self, ok: bool) -> None:
+        """One line when a health path is found, one when no candidate is one (until one is found)."""
+        d = self.discovery
+        if d.configured:
+            return
+        if ok and d.found != self._logged_path:
+            log.info("upstream %d (%s): %s", self.index, self.url, d.describe())
+            self._logged_path, self._warned_none = d.found, False
+        elif not ok and not self._warned_none and d.last_round and all(t.answer is Answer.ABSENT for t in d.last_round):
+            log.warning("upstream %d (%s): %s", self.index, self.url, d.describe())
+            self._warned_none = True
 
     async def _warm_loop(self, client: httpx.AsyncClient) -> None:
         while True:
@@ -224,9 +253,11 @@ class UpstreamWarmer:
             done = sum(s.completed for s in shapes)
             return f"probing ({done}/{sum(self._plan.counts)} probes, {sum(s.met for s in shapes)}/{len(shapes)} shapes warm)"
         if state is State.RAMPING:
-            return f"ramping (slow start {self.limit_factor(now):.2f})"
+            return f"ramping (slow start {self.limit_factor(now):.2f}; {self.discovery.describe()})"
         if state in (State.COLD, State.UNHEALTHY) and self.last_problem:
             return f"{state.value} ({self.last_problem})"
+        if state is State.WARM:
+            return f"warm ({self.discovery.describe()})"
         return state.value
 
     def statistics(self, now: float) -> UpstreamWarmupStatistics:
@@ -238,4 +269,13 @@ class UpstreamWarmer:
             probes=self._plan.statistics() if self._plan else (),
             last_warmup_s=self.last_warmup_s,
             last_problem=self.last_problem,
+            health=self.discovery.describe(),
         )
+
+
+def _discovery_settings(policy: Policy) -> tuple:
+    return policy.warmup.health_path, tuple(policy.warmup.health_candidates)
+
+
+def _discovery(policy: Policy) -> HealthDiscovery:
+    return HealthDiscovery(policy.warmup.health_path, policy.warmup.health_candidates)

@@ -33,17 +33,38 @@ def test_spread():
     assert spread_pct([0.0, 0.0]) == 0.0 and spread_pct([0.0, 1.0]) == float("inf")
 
 
-def test_stable_needs_the_last_n_close_together():
+def test_stable_needs_latency_to_stop_falling():
     compiling = [ok(5.0), ok(2.0), ok(1.3)]
-    assert not criterion_met(STABLE, compiling)  # 5.0 .. 1.3: far apart
-    assert not criterion_met(STABLE, compiling + [ok(1.0)])  # 2.0, 1.3, 1.0: 100 %
-    assert not criterion_met(STABLE, compiling + [ok(1.0), ok(1.0)])  # 1.3, 1.0, 1.0: 30 %
-    assert criterion_met(STABLE, compiling + [ok(1.0), ok(1.0), ok(1.1)])  # 10 %
+    assert not criterion_met(STABLE, compiling)  # 2.0, 1.3 beat 5.0 by far
+    assert not criterion_met(STABLE, compiling + [ok(1.0)])  # 1.3, 1.0 beat 2.0 by 50 %
+    assert criterion_met(STABLE, compiling + [ok(1.0), ok(1.0)])  # 1.0, 1.0 beat 1.3 by 23 %: within 25 %
+    assert not criterion_met(StableLatency(3, 10.0), compiling + [ok(1.0), ok(1.0)])  # ... but not within 10 %
+    assert criterion_met(StableLatency(3, 10.0), compiling + [ok(1.0), ok(1.0), ok(1.05)])
 
 
 def test_stable_boundary_is_inclusive():
-    assert criterion_met(STABLE, [ok(1.0), ok(1.25), ok(1.1)])
-    assert not criterion_met(STABLE, [ok(1.0), ok(1.2501), ok(1.1)])
+    assert criterion_met(STABLE, [ok(1.0), ok(0.75), ok(0.8)])  # 25 % faster than the best before: still noise
+    assert not criterion_met(STABLE, [ok(1.0), ok(0.7499), ok(0.8)])
+
+
+def test_stable_tolerates_jitter_the_old_spread_rule_did_not():
+    # A CPU server's latencies jitter +-30 % around 1 s from the first probe: warm at once.
+    jitter = [ok(1.0), ok(1.3), ok(0.8)]
+    assert spread_pct([r.latency_s for r in jitter]) > 25.0  # the old rule: never stable
+    assert criterion_met(STABLE, jitter)
+
+
+def test_stable_is_false_while_every_probe_beats_the_last():
+    decaying = [ok(20.0 - 1.9 * k) for k in range(10)]  # the sim pod's cold penalty: linear decay
+    assert not any(criterion_met(StableLatency(3, 10.0), decaying[:k]) for k in range(1, 11))
+
+
+@given(st.lists(st.floats(0.01, 10.0), min_size=3, max_size=12), st.floats(0.0, 100.0))
+def test_stable_holds_whenever_the_last_n_agree(latencies, pct):
+    results = [ok(x) for x in latencies]
+    tail = latencies[-3:]
+    if spread_pct(tail) <= pct:
+        assert criterion_met(StableLatency(3, pct), results)
 
 
 def test_stable_rejects_a_failure_among_the_last_n_and_too_few_results():

@@ -104,7 +104,7 @@ async def test_cold_to_warm_through_probes_and_ramp(autojump_clock, metrics):
         assert lc.limit_factor(0) == pytest.approx(0.1)  # min_weight at the start of the ramp
         await trio.sleep(5.0)
         assert lc.limit_factor(0) == pytest.approx(0.5)
-        assert lc.readiness()[1].startswith("ready: upstream 0 ramping (slow start 0.50)")
+        assert lc.readiness()[1] == "ready: upstream 0 ramping (slow start 0.50; health /health (discovered))"
         ramped_at = await wait_state(lc, State.WARM)
         assert ramped_at - t0 == pytest.approx(14.7, abs=0.02)
         assert lc.limit_factor(0) == 1.0
@@ -123,7 +123,7 @@ async def test_not_ready_while_the_model_loads(autojump_clock, metrics):
         lc = await start(nursery, policy(), model, metrics)
         await trio.sleep(30.0)
         assert not lc.is_ready() and model.served == 0
-        assert lc.readiness() == (False, "not ready: upstream 0 cold (health check: 503)")
+        assert lc.readiness() == (False, "not ready: upstream 0 cold (health: tried /health 503)")
         model.up = True
         await lc.wait_ready()
         assert model.served == 6
