@@ -29,6 +29,13 @@ COMMANDS: list[tuple[str, str, str, str, str]] = [
         "warning",
         "loadtest",
     ),
+    (
+        "calibrate",
+        "proxy.calibrate.cli",
+        "probe a running model server and write a commented policy for it",
+        "info",
+        "loadtest",
+    ),
 ]
 
 

@@ -1,0 +1,242 @@
+"""A `Calibration` as a policy file: every measured value on its own line, commented with its figure.
+
+Theory of operation: `policy_toml(cal)` writes the tables calibration has
+figures for and nothing else (every other key keeps its documented default):
+
+- `[[upstreams]]`: the URL, timeout_s from the slowest request alone, and
+  `stops_on_cancel` from the cancel trials ("auto" when they disagreed);
+- `[warmup]`: the health path discovery found (pinned), and one probe of the
+  short shape, so warm-up measures it again at every start;
+- `[limits]`: the knee of the concurrency sweep as a fixed limit in requests, or
+  `kind = "engine_queue"` bounded by it where the server exports its queue;
+- `[scheduling]`, `[classes.*]`: SJF, and class budgets in turns (`fit.budgets`);
+- `[[routes]]`: one per route found, its priors fitted from the medians alone,
+  chars_per_token and output_fill_ratio from the server's usage where reported,
+  and a catch-all;
+- `[shedding]`: CoDel's target at what a default-class request can wait and
+  still meet its budget, its interval at the budget, so a queue the backend
+  drains within deadlines is not shed.
+
+Keys a newer or older rampmeter lacks (`stops_on_cancel`, `engine_queue`) are
+written only when this rampmeter's schema accepts them, else as a comment saying
+what was measured; `check_policy` proves the text loads as `rampmeter policy
+check` would load it. Pure: text in, text out.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import textwrap
+
+import msgspec
+
+from proxy.calibrate.fit import CLASS_TURNS, budgets, round_up
+from proxy.calibrate.measure import CANCEL_AT, Calibration, RouteCalibration
+from proxy.policy.admission import Limits
+from proxy.policy.load import parse_policy
+from proxy.policy.schema import Policy, Upstream
+
+ON_UNMEETABLE = {"realtime": "reject", "interactive": "reject", "batch": "try"}
+PRIORITY = {"realtime": 0, "interactive": 1, "batch": 2}
+
+
+def supports(section: type, **fields) -> bool:
+    """Whether this rampmeter's schema accepts `fields` in `section` (a key or value added on another branch)."""
+    base = {"url": "http://127.0.0.1:1"} if section is Upstream else {}
+    try:
+        msgspec.convert(base | fields, section)
+    except msgspec.ValidationError:
+        return False
+    return True
+
+
+def policy_toml(cal: Calibration, *, command: str = "", when: datetime.datetime | None = None) -> str:
+    when = when or datetime.datetime.now(datetime.UTC)
+    out: list[str] = []
+    add = out.append
+    turn = cal.turn_ms
+    budget = budgets(turn)
+    add(f"# rampmeter policy written by `{command or 'rampmeter calibrate ' + cal.url}`")
+    add(f"# on {when:%Y-%m-%d %H:%M} UTC after {cal.duration_s:.0f} s of probing. Every value below was measured")
+    add("# against that server, and its comment says from what; keys not written keep their defaults")
+    add("# (docs/policy-reference.md). Calibrate again after changing the model, hardware or server settings.")
+    add("# Check: rampmeter policy check FILE")
+    for note in cal.notes:
+        add(f"# NOTE: {note}")
+    add("")
+    _upstream(add, cal)
+    _warmup(add, cal)
+    _scheduling(add, cal, turn, budget)
+    for route in cal.routes:
+        _route(add, route)
+    add("[[routes]]")
+    add("# Everything else (/health, /v1/models, ...): one token; bodies of a known shape are costed by it.")
+    add('path_prefix = "/"')
+    add('kind = "fixed"')
+    add("# ms: not measured (metadata calls); a small prior the model corrects.")
+    add("base_ms = 5.0")
+    add("")
+    _limits(add, cal)
+    _shedding(add, cal, turn, budget)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _upstream(add, cal: Calibration) -> None:
+    slowest = max((s for r in cal.routes for s in r.shapes), key=lambda s: s.p50_ms)
+    longest = max(slowest.p50_ms, cal.long_alone_ms)
+    add("[[upstreams]]")
+    add(f'url = "{cal.url}"')
+    add('protocol = "http1"')
+    add(f"# Seconds: 20 x the slowest request measured alone ({cal.long_label}: {longest:,.0f} ms), at least 60.")
+    add(f"timeout_s = {max(60.0, math.ceil(20 * longest / 1000.0)):.1f}")
+    verdict = {True: "stops working on a request whose client left", False: "keeps computing after a disconnect"}
+    said = verdict.get(cal.stops_on_cancel, "undecided: learn it while serving")
+    value = {True: "true", False: "false"}.get(cal.stops_on_cancel, '"auto"')
+    add(f"# Cancel trials: the limit's worth of {cal.long_label} requests ({cal.long_alone_ms:,.0f} ms alone),")
+    add(f"# their connections closed {int(100 * CANCEL_AT)} % in; then")
+    for t in cal.cancel_trials:
+        add(f"#   {t.describe()}")
+    add(f"# So the server {said}.")
+    if supports(Upstream, stops_on_cancel=True):
+        add(f"stops_on_cancel = {value}")
+    else:
+        add(f"# stops_on_cancel = {value}   (needs a rampmeter with [[upstreams]] stops_on_cancel)")
+    add("")
+
+
+def _warmup(add, cal: Calibration) -> None:
+    add("[warmup]")
+    for line in textwrap.wrap(f"{cal.health}; pinned, so a restart is never judged by another path.", 100):
+        add(f"# {line}")
+    add(f'health_path = "{cal.health_path}"')
+    add("")
+    s = cal.short
+    body = s.body.decode()
+    add("[[warmup.probes]]")
+    add(f"# The short shape ({s.label}: {s.p50_ms:,.0f} ms alone); warm when its latency stops falling.")
+    add(f'name = "{s.label}"')
+    add(f'path = "{s.path}"')
+    add(f"body = '{body}'" if "'" not in body and "\n" not in body else f"body = {msgspec.json.encode(body).decode()}")
+    add("count = 8")
+    add("")
+
+
+def _scheduling(add, cal: Calibration, turn: float, budget: dict[str, int]) -> None:
+    add("[scheduling]")
+    add("# Shortest expected first: the fitted priors below tell short requests from long ones.")
+    add('order = "sjf"')
+    add('default_class = "interactive"')
+    add("")
+    how = f"p99 of {cal.sweep_label} at the knee ({cal.knee.p99_ms:,.0f} ms)"
+    slowest = max((s for r in cal.routes for s in r.shapes), key=lambda s: s.p50_ms)
+    if slowest.p50_ms > cal.knee.p99_ms:
+        how = f"{slowest.label} alone ({slowest.p50_ms:,.0f} ms)"
+    for name, turns in CLASS_TURNS.items():
+        add(f"[classes.{name}]")
+        add(f"priority = {PRIORITY[name]}")
+        add(f"# ms: {turns:g} turns of {turn:,.0f} ms, the {how}.")
+        add(f"default_timeout_ms = {min(86_400_000, budget[name])}")
+        add("# ms: ten default budgets.")
+        add(f"max_timeout_ms = {min(86_400_000, 10 * budget[name])}")
+        add("# ms: half the default budget, then a request goes to the front whatever its size.")
+        add(f"max_queue_wait_ms = {max(1, budget[name] // 2)}")
+        add(f'on_unmeetable = "{ON_UNMEETABLE[name]}"')
+        add("")
+
+
+def _route(add, route: RouteCalibration) -> None:
+    e, c = route.endpoint, route.coefficients
+    add("[[routes]]")
+    add(f'path_prefix = "{e.path}"')
+    add(f'kind = "{e.kind}"')
+    add("# Median latency alone (one request at a time):")
+    for s in route.shapes:
+        add(f"#   {s.label.split(':', 1)[-1]:<12} {s.p50_ms:9,.1f} ms  {_tokens(s)}, {s.samples} samples")
+    add("# fitted: ms = base + a * prompt + b * output, no term below 0.")
+    add(f"base_ms = {c.base_ms:.3f}")
+    if e.kind != "fixed":
+        add(f"ms_per_prompt_token = {c.ms_per_prompt_token:.5f}")
+        add(f"ms_per_output_token = {c.ms_per_output_token:.4f}")
+        if route.chars_per_token is not None:
+            add("# From the server's usage: prompt characters per prompt token (difference of two prompts).")
+            add(f"chars_per_token = {min(100.0, max(0.1, route.chars_per_token)):.2f}")
+        else:
+            add("# The server reports no usage: 4 characters per token assumed.")
+    else:
+        add("ms_per_prompt_token = 0.0")
+        add("ms_per_output_token = 0.0")
+    if e.kind in ("chat", "completions"):
+        add("# Output tokens when a request sets no max_tokens: not measured (the default).")
+        if route.fill_ratio is not None:
+            add("# Generated / requested output tokens in the server's usage.")
+            add(f"output_fill_ratio = {min(1.0, max(0.01, route.fill_ratio)):.2f}")
+    add("")
+
+
+def _tokens(s) -> str:
+    if s.kind == "fixed":
+        return "the named request"
+    src = "usage" if s.usage else "asked"
+    return f"{s.prompt_tokens:g} prompt + {s.output_tokens:g} output tokens, {src}"
+
+
+def _limits(add, cal: Calibration) -> None:
+    k = cal.knee
+    queue = [g for g in cal.engine_gauges if "waiting" in g or "pending" in g]
+    add("[limits]")
+    engine = bool(queue) and supports(Limits, kind="engine_queue")
+    if engine:
+        add(f"# The server exports its queue ({', '.join(queue)}): follow it, keeping it near empty.")
+        add('kind = "engine_queue"')
+    else:
+        if queue:
+            add(f"# The server exports its queue ({', '.join(queue)});")
+            add('# kind = "engine_queue" (follow it) needs a newer rampmeter: a fixed limit meanwhile.')
+        else:
+            add("# The server exports no queue gauge: a fixed limit.")
+        add('kind = "fixed"')
+    add('unit = "requests"')
+    add(f"# Closed-loop sweep of {cal.sweep_label}, users: throughput, p50")
+    for s in cal.sweep:
+        engine_seen = ""
+        if s.engine_running_max is not None:
+            engine_seen = f", engine running <= {s.engine_running_max:g} waiting <= {s.engine_waiting_max or 0:g}"
+        add(f"#   {s.concurrency:>4}: {s.throughput_rps:8.1f}/s {s.p50_ms:9,.0f} ms{engine_seen}")
+    add(f"# The knee: {k.concurrency} in flight reach {k.throughput_rps:.1f}/s, within 10 % of the best;")
+    if cal.engine_batch is not None and cal.limit < k.concurrency:
+        add(f"# the engine never ran more than {cal.engine_batch} at once while others waited inside it (its own")
+        add(f"# batch), so the limit is {cal.limit}: the rest waits here, in SJF order, not in the engine's FCFS.")
+    else:
+        add("# more would only wait inside the engine, in its order rather than ours.")
+    add(f"initial_limit = {cal.limit}")
+    add("min_limit = 1")
+    add(f"max_limit = {cal.limit}")
+    if queue:
+        add("")
+        add("[gpu]")
+        add(f"# Where the engine's gauges are ({', '.join(queue)}).")
+        add(f'upstream_metrics_path = "{cal.metrics_path}"')
+    add("")
+
+
+def _shedding(add, cal: Calibration, turn: float, budget: dict[str, int]) -> None:
+    k = cal.knee
+    interactive = budget["interactive"]
+    interactive = min(600_000, interactive)
+    target = max(1.0, interactive - k.p99_ms)
+    add("[shedding]")
+    add('rules = ["queue_length", "codel"]')
+    add(f"# ms: a default-class request may wait its budget ({interactive} ms) less the p99 at the knee")
+    add(f"# ({k.p99_ms:,.0f} ms) and still finish in time: a queue below that is not shed.")
+    add(f"codel_target_ms = {int(target)}")
+    add("# ms: one default budget.")
+    add(f"codel_interval_ms = {interactive}")
+    add(f"# ms: the p50 at the knee ({k.p50_ms:,.0f} ms): no client is told to come back sooner than that.")
+    add(f"retry_after_min_ms = {min(30_000, max(1, round_up(k.p50_ms)))}")
+    add("")
+
+
+def check_policy(text: str) -> Policy:
+    """The written text as `rampmeter policy check` loads it (raises proxy.errors.PolicyError)."""
+    return parse_policy(text, "<calibrated policy>")

@@ -1,0 +1,106 @@
+"""Calibration's conclusions from figures by hand: priors, knee, engine batch, cancel habit, budgets."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.calibrate.fit import (
+    CancelTrial,
+    Point,
+    SweepStep,
+    budgets,
+    cancel_verdict,
+    engine_batch,
+    fit_service,
+    knee,
+    limit_for,
+    round_up,
+    sweep_done,
+)
+
+SHAPES = [(16, 16), (16, 128), (256, 16)]
+
+
+@given(st.floats(0, 200), st.floats(0, 2), st.floats(0, 50))
+def test_three_shapes_recover_the_three_terms(base, per_prompt, per_output):
+    points = [Point(p, o, base + per_prompt * p + per_output * o) for p, o in SHAPES]
+    c = fit_service(points)
+    assert c.base_ms == pytest.approx(base, abs=1e-6)
+    assert c.ms_per_prompt_token == pytest.approx(per_prompt, abs=1e-6)
+    assert c.ms_per_output_token == pytest.approx(per_output, abs=1e-6)
+
+
+def test_no_term_goes_below_zero():
+    # HTTP overhead leaking in: the long prompt came back *faster* (the issue's -0.1 ms/token on vLLM).
+    c = fit_service([Point(16, 16, 100.0), Point(16, 128, 660.0), Point(256, 16, 80.0)])
+    assert c.ms_per_prompt_token == 0.0
+    assert c.ms_per_output_token == pytest.approx(5.0, rel=0.05)  # refitted with the prompt term at 0
+    assert c.base_ms >= 0 and all(v >= 0 for v in (c.base_ms, c.ms_per_prompt_token, c.ms_per_output_token))
+
+
+def test_a_term_that_never_varies_stays_zero():
+    emb = fit_service([Point(8, 0, 10.0), Point(256, 0, 60.0)])  # embeddings: no output
+    assert emb.ms_per_output_token == 0.0 and emb.ms_per_prompt_token == pytest.approx(50 / 248)
+    fixed = fit_service([Point(0, 0, 220.0)])  # a named request
+    assert (fixed.base_ms, fixed.ms_per_prompt_token, fixed.ms_per_output_token) == (220.0, 0.0, 0.0)
+    with pytest.raises(ValueError):
+        fit_service([])
+
+
+def steps(*rates, running=None, waiting=None):
+    out = []
+    for i, r in enumerate(rates):
+        run = None if running is None else running[i]
+        wait = None if waiting is None else waiting[i]
+        out.append(SweepStep(2**i, r, 10.0 * 2**i, 20.0 * 2**i, 100, 0, run, wait))
+    return out
+
+
+def test_the_knee_is_the_first_step_near_the_best_throughput():
+    serial = steps(3.0, 3.1, 2.9)
+    assert knee(serial).concurrency == 1
+    batching = steps(4.0, 7.9, 15.0, 28.0, 30.0, 30.5)
+    assert knee(batching).concurrency == 8  # 28 >= 0.9 * 30.5
+    # A step that mostly failed does not count as the best.
+    broken = [*steps(4.0, 8.0), SweepStep(4, 50.0, 1, 1, 100, 60)]
+    assert knee(broken).concurrency == 2
+
+
+def test_the_sweep_stops_once_throughput_is_flat_or_failing():
+    assert not sweep_done(steps(4.0, 8.0))
+    assert not sweep_done(steps(4.0, 8.0, 8.5))  # one flat step is not a plateau
+    assert sweep_done(steps(4.0, 8.0, 8.5, 8.6))
+    assert sweep_done(steps(3.0, 3.1, 3.0))  # serial: flat from the start
+    assert sweep_done([SweepStep(1, 1.0, 1, 1, 10, 5)])
+
+
+def test_the_limit_is_capped_at_the_engines_own_batch():
+    # Client-side throughput still grew to 16 (HTTP overhead overlapped), but the engine ran 8 with others waiting.
+    sweep = steps(29, 53, 97, 180, 202, 211, running=[1, 2, 4, 8, 8, 8], waiting=[0, 1, 3, 3, 8, 23])
+    assert knee(sweep).concurrency == 16 and engine_batch(sweep) == 8 and limit_for(sweep) == 8
+    # Waiting blips while every user runs are not a full engine.
+    assert engine_batch(steps(10, 20, running=[1, 2], waiting=[1, 1])) is None
+    assert limit_for(steps(10, 20, 21, 21)) == 2  # no gauges: the knee
+
+
+def test_cancel_verdicts():
+    keeps = CancelTrial("latency", 600.0, delay_ms=640.0)
+    stops = CancelTrial("latency", 600.0, delay_ms=20.0)
+    unclear = CancelTrial("latency", 600.0, delay_ms=200.0)
+    assert (keeps.verdict(), stops.verdict(), unclear.verdict()) == (False, True, None)
+    assert cancel_verdict([keeps, keeps, unclear]) is False
+    assert cancel_verdict([keeps, stops]) is None  # they disagree: "auto"
+    assert cancel_verdict([unclear, unclear, stops]) is None  # one clear vote of three is no majority
+    drained = CancelTrial("gauge", 600.0, drained_ms=15.0, watched_ms=15.0)
+    busy = CancelTrial("gauge", 600.0, drained_ms=None, watched_ms=600.0)
+    assert (drained.verdict(), busy.verdict()) == (True, False)
+    assert cancel_verdict([drained, drained, keeps]) is True  # the engine's own gauge outranks latency
+    assert "empty after 15 ms" in drained.describe() and "+640 ms" in keeps.describe()
+
+
+def test_budgets_are_turns_rounded_up():
+    assert round_up(1234) == 1300 and round_up(87.1) == 88 and round_up(0) == 0 and round_up(5000) == 5000
+    assert budgets(340.0) == {"realtime": 680, "interactive": 1400, "batch": 11000}
+    assert budgets(1.0)["realtime"] == 100  # at least MIN_BUDGET_MS

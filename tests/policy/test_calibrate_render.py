@@ -1,0 +1,124 @@
+"""The policy calibrate writes, from a Calibration built by hand: it checks, and says where each value came from."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from proxy.calibrate import render
+from proxy.calibrate.fit import CancelTrial, Coefficients, SweepStep
+from proxy.calibrate.measure import Calibration, RouteCalibration, ShapeFigure
+from proxy.calibrate.shapes import Endpoint
+
+WHEN = datetime.datetime(2026, 1, 2, 3, 4, tzinfo=datetime.UTC)
+
+
+def calibration(*, stops: bool | None = False, gauges=(), limit: int = 1, batch: int | None = None) -> Calibration:
+    chat = RouteCalibration(
+        Endpoint("chat", "/chat/completions"),
+        Coefficients(6.5, 0.2, 4.0),
+        (
+            ShapeFigure("chat:short", "chat", "/chat/completions", 16, 16, 74.0, 3, True, b'{"messages": []}'),
+            ShapeFigure("chat:long_output", "chat", "/chat/completions", 16, 128, 525.0, 3, True),
+            ShapeFigure("chat:long_prompt", "chat", "/chat/completions", 256, 16, 122.0, 3, True),
+        ),
+        4.0,
+        1.0,
+    )
+    infer = RouteCalibration(
+        Endpoint("fixed", "/v2/models/tiny/infer", b"{}"),
+        Coefficients(220.0, 0.0, 0.0),
+        (ShapeFigure("fixed:/v2/models/tiny/infer", "fixed", "/v2/models/tiny/infer", 0, 0, 220.0, 5, False),),
+        None,
+        None,
+    )
+    sweep = (
+        SweepStep(1, 13.6, 74.0, 80.0, 40, 0),
+        SweepStep(2, 13.0, 147.0, 160.0, 40, 0),
+        SweepStep(4, 13.6, 294.0, 300.0, 40, 0),
+    )
+    return Calibration(
+        url="http://127.0.0.1:8600",
+        health="health /models (discovered after /health 404)",
+        health_path="/models",
+        model="m",
+        tried=("POST /v1/chat/completions 404", "POST /chat/completions 200"),
+        routes=(chat, infer),
+        sweep_label="chat:short",
+        sweep=sweep,
+        knee=sweep[0],
+        limit=limit,
+        engine_batch=batch,
+        long_label="chat:cancel",
+        long_alone_ms=965.0,
+        cancel_trials=(CancelTrial("latency", 656.0, delay_ms=649.0), CancelTrial("latency", 656.0, delay_ms=646.0)),
+        stops_on_cancel=stops,
+        engine_gauges=tuple(gauges),
+        metrics_path="/metrics",
+        duration_s=20.0,
+    )
+
+
+def test_the_written_policy_checks_and_carries_the_measured_values():
+    text = render.policy_toml(calibration(), command="rampmeter calibrate http://127.0.0.1:8600", when=WHEN)
+    policy = render.check_policy(text)
+    assert policy.upstreams[0].url == "http://127.0.0.1:8600"
+    assert policy.warmup.health_path == "/models" and policy.warmup.probes[0].path == "/chat/completions"
+    assert (policy.limits.kind, policy.limits.initial_limit, policy.limits.max_limit) == ("fixed", 1, 1)
+    chat = next(r for r in policy.routes if r.path_prefix == "/chat/completions")
+    assert (chat.kind, chat.base_ms, chat.ms_per_prompt_token, chat.ms_per_output_token) == ("chat", 6.5, 0.2, 4.0)
+    infer = next(r for r in policy.routes if r.path_prefix == "/v2/models/tiny/infer")
+    assert (infer.kind, infer.base_ms) == ("fixed", 220.0)
+    # Budgets in turns of the slowest shape alone (525 ms): 2, 4 and 30 turns.
+    assert {n: c.default_timeout_ms for n, c in policy.classes.items()} == {
+        "realtime": 1100,
+        "interactive": 2100,
+        "batch": 16000,
+    }
+    assert policy.shedding.codel_target_ms == 2100 - 80 and policy.shedding.codel_interval_ms == 2100
+    assert "on 2026-01-02 03:04 UTC after 20 s of probing" in text
+
+
+def test_every_written_value_has_a_comment_above_it_or_is_a_name():
+    text = render.policy_toml(calibration(), when=WHEN)
+    lines = text.splitlines()
+    names = ("url", "protocol", "path_prefix", "kind", "priority", "on_unmeetable", "name", "path", "body", "unit")
+    names += ("min_limit", "max_limit", "rules", "order", "default_class", "count", "ms_per_prompt_token")
+    names += ("ms_per_output_token", "max_timeout_ms", "max_queue_wait_ms")
+    for i, line in enumerate(lines):
+        if not line or line.startswith(("#", "[")):
+            continue
+        key = line.split(" = ", 1)[0]
+        if key in names:
+            continue
+        assert lines[i - 1].startswith("#"), f"{key} has no comment: {line!r}"
+
+
+@pytest.mark.parametrize("stops, value", [(True, "true"), (False, "false"), (None, '"auto"')])
+def test_stops_on_cancel_is_written_as_a_key_where_the_schema_has_it(monkeypatch, stops, value):
+    text = render.policy_toml(calibration(stops=stops), when=WHEN)
+    if render.supports(render.Upstream, stops_on_cancel=True):
+        assert f"\nstops_on_cancel = {value}\n" in text
+    else:
+        assert f"\n# stops_on_cancel = {value}   (needs a rampmeter with [[upstreams]] stops_on_cancel)" in text
+    render.check_policy(text)
+    assert "next short request +649 ms (work left >= 656 ms)" in text
+
+
+def test_engine_gauges_cap_the_limit_and_point_the_metrics_reader_at_them():
+    sweep_cal = calibration(gauges=("vllm:num_requests_running", "vllm:num_requests_waiting"), limit=8, batch=8)
+    text = render.policy_toml(sweep_cal, when=WHEN)
+    policy = render.check_policy(text)
+    assert policy.gpu.upstream_metrics_path == "/metrics"
+    assert policy.limits.initial_limit == 8
+    if render.supports(render.Limits, kind="engine_queue"):
+        assert policy.limits.kind == "engine_queue"
+    else:
+        assert policy.limits.kind == "fixed" and 'kind = "engine_queue" (follow it) needs a newer rampmeter' in text
+
+
+def test_supports_asks_the_schema():
+    assert render.supports(render.Limits, kind="fixed")
+    assert not render.supports(render.Limits, kind="no-such-kind")
+    assert not render.supports(render.Upstream, no_such_key=True)
