@@ -150,6 +150,10 @@ class Calibration:
 class CalibrationError(Exception):
     """The server could not be calibrated (down, no route answered); the message says why."""
 
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status that ended it, if one did
+
 
 async def calibrate(options: Options) -> Calibration:
     started = time.monotonic()
@@ -161,8 +165,15 @@ async def calibrate(options: Options) -> Calibration:
         endpoints, tried = await _endpoints(client, url, model, options)
         if not endpoints:
             raise CalibrationError(f"no route answered 2xx at {url}: {', '.join(tried)}; name one with --request")
-        cal_shapes = {e: cs.shapes_for(e, model) for e in endpoints}
-        usage = {s.label: await _one(client, url, s, options) for e in endpoints for s in cal_shapes[e]}
+        cal_shapes, usage = {}, {}
+        for e in endpoints:
+            kept = []
+            for wanted in cs.shapes_for(e, model):
+                fitted = await _fitting(client, url, e, model, wanted, options, notes)
+                if fitted is not None:
+                    kept.append(fitted[0])
+                    usage[fitted[0].label] = fitted[1]
+            cal_shapes[e] = tuple(kept)
     alone = await _alone(url, [s for e in endpoints for s in cal_shapes[e]], usage, options)
     routes = tuple(_route(e, cal_shapes[e], usage, alone) for e in endpoints)
     short = cal_shapes[endpoints[0]][0]
@@ -296,7 +307,8 @@ async def _one(client: httpx.AsyncClient, url: str, s: cs.CalShape, options: Opt
     )
     ms = (trio.current_time() - t0) * 1000.0
     if not resp.is_success:
-        raise CalibrationError(f"{s.shape.path} ({s.label}) answered {resp.status_code}: {resp.text[:200]}")
+        message = f"{s.shape.path} ({s.label}) answered {resp.status_code}: {resp.text[:200]}"
+        raise CalibrationError(message, resp.status_code)
     try:
         usage = msgspec.json.decode(resp.content, type=_UsageBody).usage or {}
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
@@ -307,6 +319,23 @@ async def _one(client: httpx.AsyncClient, url: str, s: cs.CalShape, options: Opt
         return int(value) if isinstance(value, int | float) and value > 0 else None
 
     return _Usage(ms, count("prompt_tokens"), count("completion_tokens"))
+
+
+async def _fitting(client, url, endpoint, model, s: cs.CalShape, options: Options, notes: list[str]):
+    """(shape, usage) of `s`, halving its prompt or output while the server refuses it as too long
+    (a small max_model_len, a tokenizer with fewer characters per token); None when even the
+    short size is refused (the shape is left out, and a note says so). The short shape must pass."""
+    while True:
+        try:
+            return s, await _one(client, url, s, options)
+        except CalibrationError as exc:
+            if exc.status not in (400, 413, 422) or s.label == cs.shapes_for(endpoint, model)[0].label:
+                raise
+            smaller = cs.halved(s, endpoint, model)
+            if smaller is None:
+                notes.append(f"{s.label} left out: {exc}")
+                return None
+            s = smaller
 
 
 async def _alone(url: str, shapes: Sequence[cs.CalShape], usage: dict[str, _Usage], options: Options):

@@ -97,6 +97,19 @@ def shapes_for(endpoint: Endpoint, model: str | None) -> tuple[CalShape, ...]:
     )
 
 
+def halved(s: CalShape, endpoint: Endpoint, model: str | None) -> CalShape | None:
+    """`s` with its long part (prompt or output) halved, keeping its name; None at the short size."""
+    prompt, out = s.prompt_tokens, s.max_tokens
+    if prompt > SHORT_PROMPT * 2 or (s.kind == "embeddings" and prompt > EMBED_SHORT * 2):
+        prompt //= 2
+    elif out > SHORT_OUTPUT * 2:
+        out //= 2
+    else:
+        return None
+    body = body_for(s.kind, prompt, out, model)
+    return CalShape(Shape(s.shape.name, endpoint.path, body), s.kind, prompt, out)
+
+
 def long_shape(endpoint: Endpoint, model: str | None, max_tokens: int, *, ignore_eos: bool = False) -> CalShape:
     """A request that keeps the engine busy (the cancel test's): short prompt, `max_tokens` out
     (`ignore_eos`: vLLM's extension, for a model that would stop early)."""

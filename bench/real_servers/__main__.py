@@ -1,0 +1,185 @@
+"""`python -m bench.real_servers`: calibrate each real server, then direct vs rampmeter, interleaved."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import trio
+
+from bench.common import parse_args, target, write_result
+from bench.real_servers import __doc__ as DOC
+from bench.real_servers.cases import closed_case, open_case, run_case
+from bench.real_servers.servers import SERVERS, RunningServer, ServerFailed, model_name, probe_ms
+from proxy.calibrate import CalibrationError, calibrate, check_policy, policy_toml
+from proxy.calibrate import cli as calibrate_cli
+from proxy.testing.procs import ProcFailed
+from proxy.testing.stack import sidecar
+
+
+def add(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--servers", default="vllm,litserve,pytriton", help=f"comma-separated, of {', '.join(SERVERS)}")
+    p.add_argument("--duration-s", type=float, default=None, help="seconds per run (default 10 quick, 30 full)")
+
+
+def main() -> int:
+    args = parse_args("real_servers", DOC, add)
+    names = [n.strip() for n in args.servers.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SERVERS]
+    if unknown:
+        sys.exit(f"bench: unknown server(s) {', '.join(unknown)}; choose from {', '.join(SERVERS)}")
+    duration = args.duration_s or (10.0 if args.quick else 30.0)
+    repeats = 1 if args.quick else 2
+    out = Path(args.out)
+    runs: dict = {}
+    for name in names:
+        print(f"== {name}", flush=True)
+        try:
+            runs[name] = bench_server(name, args.quick, duration, repeats, out)
+        except (ServerFailed, ProcFailed, OSError, httpx.HTTPError, CalibrationError) as exc:
+            print(f"bench: {name} could not be measured: {exc}", file=sys.stderr)
+            return 1
+        (out / "partial.json").write_text(json.dumps(runs, indent=2, default=str))
+    targets = [t for name in names for t in targets_for(name, runs[name])]
+    write_result(args, runs, targets, markdown(runs, args.quick))
+    print((out / "result.md").read_text())
+    return 0
+
+
+def bench_server(name: str, quick: bool, duration: float, repeats: int, out: Path) -> dict:
+    spec = SERVERS[name]
+    with RunningServer(spec, out) as server:
+        install_s = server.install()
+        start_s = server.start()
+        model = model_name(spec.url)
+        parser = argparse.ArgumentParser()
+        calibrate_cli.add_arguments(parser)
+        cal_args = [spec.url, *spec.calibrate_args, *(["--quick"] if quick else [])]
+        options = calibrate_cli.options_from(parser.parse_args(cal_args))
+        cal = trio.run(calibrate, options)
+        text = policy_toml(cal, command="rampmeter calibrate " + " ".join(cal_args))
+        policy = check_policy(text)
+        policy_path = out / f"{name}.policy.toml"
+        policy_path.write_text(text)
+        budget = policy.classes[policy.scheduling.default_class].default_timeout_ms
+        probe_alone = statistics.median(probe_ms(spec, model) for _ in range(3))
+        result: dict = {
+            "server": spec.version,
+            "habits": spec.habits,
+            "install_s": install_s,
+            "start_s": start_s,
+            "calibrate": {
+                "duration_s": cal.duration_s,
+                "limit": cal.limit,
+                "knee": cal.knee.concurrency,
+                "knee_rps": cal.knee.throughput_rps,
+                "health": cal.health,
+                "stops_on_cancel": cal.stops_on_cancel,
+                "engine_gauges": cal.engine_gauges,
+                "budget_ms": budget,
+                "policy": str(policy_path),
+            },
+            "probe_alone_ms": probe_alone,
+        }
+        with sidecar(spec.url, "--log-level", "warning", policy=str(policy_path)) as proc:
+            result["sidecar_warm_after_s"] = wait_warm(proc.url("admin"), policy.slow_start.window_s + 30)
+            targets = {"direct": (spec.url, None), "rampmeter": (proc.url("data"), proc.popen.pid)}
+            cases: dict = {}
+            closed = closed_case(spec, model, cal.limit, budget, duration)
+            cases["closed"] = run_case(closed, spec, model, targets, budget, probe_alone, repeats, seed=1)
+            capacity = statistics.median(r["achieved_rps"] for r in cases["closed"]["direct"])
+            result["capacity_rps"] = capacity
+            over = open_case("overload", spec, model, 2.0 * capacity, budget, duration)
+            cases["overload"] = run_case(over, spec, model, targets, budget, probe_alone, repeats, seed=2)
+            if spec.gauges:
+                same = open_case("same_throughput", spec, model, 0.9 * capacity, budget, duration)
+                cases["same_throughput"] = run_case(same, spec, model, targets, budget, probe_alone, repeats, seed=3)
+            result["cases"] = cases
+            stats = httpx.get(proc.url("admin") + "/admin/stats", timeout=10).json()
+            (out / f"{name}.admin_stats.json").write_text(json.dumps(stats, indent=2))
+    return result
+
+
+def wait_warm(admin: str, limit_s: float) -> float:
+    """Seconds until /readyz says warm (the slow-start ramp is over): runs compare full limits."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s:
+        if "warm" in httpx.get(admin + "/readyz", timeout=5).text:
+            break
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+def _median(runs: list[dict], key: str, shape: str | None = None) -> float | None:
+    values = [(r["by_shape"].get(shape, {}) if shape else r).get(key) for r in runs]
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def targets_for(name: str, r: dict) -> list[dict]:
+    cases = r["cases"]
+    closed_sheds = sum(x["sheds"] for x in cases["closed"]["rampmeter"])
+    over = cases["overload"]
+    good_side, good_direct = _median(over["rampmeter"], "goodput_rps"), _median(over["direct"], "goodput_rps")
+    margin = None if good_side is None or good_direct is None else good_side - good_direct
+    busy = _median(over["rampmeter"], "backend_busy_after_s")
+    out = [
+        target(f"{name}_closed_loop_sheds", closed_sheds, "<=", 0),
+        target(f"{name}_goodput_rps_rampmeter_minus_direct_at_2x", margin, ">=", 0.0),
+        target(f"{name}_backend_busy_after_load_s_at_2x", busy, "<=", 1.0),
+    ]
+    if "same_throughput" in cases:
+        same = cases["same_throughput"]
+        d, s = _median(same["direct"], "p50_ms", "short"), _median(same["rampmeter"], "p50_ms", "short")
+        out.append(target(f"{name}_short_p50_ratio_direct_over_rampmeter", None if not s else d / s, ">=", 2.0))
+        td, ts = _median(same["direct"], "achieved_rps"), _median(same["rampmeter"], "achieved_rps")
+        out.append(target(f"{name}_throughput_ratio_rampmeter_over_direct", None if not td else ts / td, ">=", 0.9))
+    return out
+
+
+def _fmt(v, spec: str = ".0f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def markdown(runs: dict, quick: bool) -> str:
+    lines = [
+        "# Real servers: direct vs rampmeter (policy written by `rampmeter calibrate`)",
+        "",
+        f"{'Quick run' if quick else 'Full run'}; machine: 2 shared CPU cores, busy (other engineers' tests).",
+        "Interleaved direct / rampmeter on the same seeded trace; clients give up at the calibrated budget.",
+        "",
+    ]
+    for name, r in runs.items():
+        c = r["calibrate"]
+        lines += [
+            f"## {name}: {r['server']}",
+            f"{r['habits']}. Calibrated in {c['duration_s']:.0f} s: limit {c['limit']} (knee {c['knee']} at "
+            f"{c['knee_rps']:.1f}/s), {c['health']}, stops_on_cancel {c['stops_on_cancel']}, "
+            f"default budget {c['budget_ms']} ms; capacity (direct, closed loop) {r.get('capacity_rps', 0):.1f}/s.",
+            "",
+            "| case | target | req | ok | good/s | p50 ms | p99 ms | short p50 | long p50 | sheds | other non-2xx "
+            "| busy after s | sidecar CPU us/req |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for case, per_target in r.get("cases", {}).items():
+            for tname, reps in per_target.items():
+                lines.append(
+                    f"| {case} | {tname} | {_fmt(_median(reps, 'requests'))} | {_fmt(_median(reps, 'ok'))} "
+                    f"| {_fmt(_median(reps, 'goodput_rps'), '.2f')} | {_fmt(_median(reps, 'p50_ms'))} "
+                    f"| {_fmt(_median(reps, 'p99_ms'))} | {_fmt(_median(reps, 'p50_ms', 'short'))} "
+                    f"| {_fmt(_median(reps, 'p50_ms', 'long'))} | {sum(x['sheds'] for x in reps)} "
+                    f"| {sum(x['requests'] - x['ok'] - x['sheds'] for x in reps)} "
+                    f"| {_fmt(_median(reps, 'backend_busy_after_s'), '.1f')} "
+                    f"| {_fmt(_median(reps, 'sidecar_cpu_us_per_request'))} |"
+                )
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""The cases the benchmark runs on each server, direct and through rampmeter, on one seeded trace.
+
+Theory of operation: every case is one load-generator step (proxy.loadtest)
+built once and replayed against each target in turn, direct then sidecar,
+`repeats` times (A B A B): drift on a shared machine hits both alike. Before
+each run the server is let go idle; after it, `backend_busy_after_s` measures
+how long the server kept working once the load had stopped (orphaned work that
+nobody waits for any more). Clients give up at their deadline
+(`x-request-timeout-ms` and the client timeout are the same budget: the
+calibrated policy's default-class budget), so "good" means 2xx within it.
+
+- closed: 2 x the calibrated limit users, closed loop: a load the backend serves
+  within the deadlines, which rampmeter must not shed (target: 0 sheds);
+- overload: open loop at 2 x the capacity measured in the closed case (the
+  direct run's throughput): goodput through rampmeter >= direct's, backend
+  work after the load <= 1 s;
+- same_throughput (vLLM): open loop at 0.9 x capacity with the 80/20 mix:
+  short requests' p50 direct / through rampmeter >= 2 at (about) the same
+  throughput.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import trio
+
+from bench.common import cpu_seconds
+from bench.real_servers.servers import ServerSpec, backend_busy_after_s, wait_idle
+from proxy import loadtest as lt
+
+SHED_REASONS = {"overloaded", "queue_full", "queue_timeout", "deadline_unmeetable", "gpu_pressure", "tenant_quota"}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    plan: lt.Plan
+    mix: lt.Mix
+
+
+def closed_case(spec: ServerSpec, model: str | None, limit: int, budget_ms: int, duration_s: float) -> Case:
+    users = max(4, 2 * limit)
+    plan = lt.Plan((lt.Step(users, duration_s, warmup_s=min(2.0, duration_s / 5)),), mode="closed")
+    return Case("closed", plan, lt.Mix(spec.shapes(model, budget_ms)))
+
+
+def open_case(name: str, spec: ServerSpec, model: str | None, rps: float, budget_ms: int, duration_s: float) -> Case:
+    plan = lt.Plan((lt.Step(rps, duration_s, warmup_s=min(2.0, duration_s / 5)),), mode="open")
+    return Case(name, plan, lt.Mix(spec.shapes(model, budget_ms)))
+
+
+def run_case(
+    case: Case,
+    spec: ServerSpec,
+    model: str | None,
+    targets: dict[str, tuple[str, int | None]],
+    budget_ms: int,
+    probe_alone_ms: float,
+    repeats: int,
+    seed: int,
+) -> dict[str, list[dict]]:
+    """{target name: [figures per repeat]}; targets: name -> (url, pid whose CPU is counted, or None)."""
+    trace = lt.build_trace(case.plan, case.mix, seed=seed)
+    out: dict[str, list[dict]] = {name: [] for name in targets}
+    for _ in range(repeats):
+        for name, (url, pid) in targets.items():
+            wait_idle(spec, model, probe_alone_ms)
+            cpu0 = cpu_seconds(pid) if pid else None
+            target = lt.Target(url, name=name, timeout_s=budget_ms / 1000.0, max_in_flight=2048, check_json=False)
+            t0 = time.monotonic()
+            result = trio.run(lt.run, trace, target)
+            wall = time.monotonic() - t0
+            busy = backend_busy_after_s(spec, model, probe_alone_ms)
+            cpu = cpu_seconds(pid) - cpu0 if pid else None
+            out[name].append(figures(result, busy, wall, cpu))
+    return out
+
+
+def figures(result: lt.RunResult, busy_after_s: float, wall_s: float, cpu_s: float | None) -> dict:
+    analysis = result.analyze(lt.SLA())
+    step = analysis.steps[0]
+    overall = step.overall
+    reasons = dict(overall.reasons)
+    sheds = sum(n for r, n in reasons.items() if r in SHED_REASONS)
+    by_shape = {}
+    for label, f in step.by_shape.items():
+        by_shape[label] = {
+            "requests": f.requests,
+            "ok": f.ok,
+            "good": f.good,
+            "p50_ms": f.latency.p50_ms if f.latency else None,
+            "p99_ms": f.latency.p99_ms if f.latency else None,
+        }
+    return {
+        "requests": overall.requests,
+        "ok": overall.ok,
+        "good": overall.good,
+        "offered_rps": overall.offered_rps,
+        "achieved_rps": overall.achieved_rps,
+        "goodput_rps": overall.goodput_rps,
+        "p50_ms": overall.latency.p50_ms if overall.latency else None,
+        "p99_ms": overall.latency.p99_ms if overall.latency else None,
+        "status": dict(overall.status),
+        "reasons": reasons,
+        "errors": dict(overall.errors),
+        "sheds": sheds,
+        "by_shape": by_shape,
+        "backend_busy_after_s": busy_after_s,
+        "wall_s": wall_s,
+        "sidecar_cpu_us_per_request": None if cpu_s is None or not overall.requests else cpu_s * 1e6 / overall.requests,
+    }
