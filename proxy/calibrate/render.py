@@ -203,7 +203,7 @@ def _limits(add, cal: Calibration) -> None:
         if s.engine_running_max is not None:
             engine_seen = f", engine running <= {s.engine_running_max:g} waiting <= {s.engine_waiting_max or 0:g}"
         add(f"#   {s.concurrency:>4}: {s.throughput_rps:8.1f}/s {s.p50_ms:9,.0f} ms{engine_seen}")
-    add(f"# The knee: {k.concurrency} in flight reach {k.throughput_rps:.1f}/s, within 10 % of the best;")
+    add(f"# The knee: {k.concurrency} in flight reach {k.throughput_rps:.1f}/s, within 5 % of the best;")
     if cal.engine_batch is not None and cal.limit < k.concurrency:
         add(f"# the engine never ran more than {cal.engine_batch} at once while others waited inside it (its own")
         add(f"# batch), so the limit is {cal.limit}: the rest waits here, in SJF order, not in the engine's FCFS.")
@@ -211,7 +211,11 @@ def _limits(add, cal: Calibration) -> None:
         add("# more would only wait inside the engine, in its order rather than ours.")
     add(f"initial_limit = {cal.limit}")
     add("min_limit = 1")
-    add(f"max_limit = {cal.limit}")
+    if engine and k.concurrency > cal.limit:
+        add(f"# Following the engine's queue, up to the knee ({k.concurrency}): more does not add throughput.")
+        add(f"max_limit = {k.concurrency}")
+    else:
+        add(f"max_limit = {cal.limit}")
     if queue:
         add("")
         add("[gpu]")

@@ -62,7 +62,9 @@ def test_the_knee_is_the_first_step_near_the_best_throughput():
     serial = steps(3.0, 3.1, 2.9)
     assert knee(serial).concurrency == 1
     batching = steps(4.0, 7.9, 15.0, 28.0, 30.0, 30.5)
-    assert knee(batching).concurrency == 8  # 28 >= 0.9 * 30.5
+    assert knee(batching).concurrency == 16  # 30 >= 0.95 * 30.5 > 28
+    triton = steps(4.4, 8.5, 17.1, 36.0, 67.6, 73.9, 75.0)  # PyTriton, batches of 16
+    assert knee(triton).concurrency == 32
     # A step that mostly failed does not count as the best.
     broken = [*steps(4.0, 8.0), SweepStep(4, 50.0, 1, 1, 100, 60)]
     assert knee(broken).concurrency == 2

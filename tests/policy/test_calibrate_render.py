@@ -14,7 +14,9 @@ from proxy.calibrate.shapes import Endpoint
 WHEN = datetime.datetime(2026, 1, 2, 3, 4, tzinfo=datetime.UTC)
 
 
-def calibration(*, stops: bool | None = False, gauges=(), limit: int = 1, batch: int | None = None) -> Calibration:
+def calibration(
+    *, stops: bool | None = False, gauges=(), limit: int = 1, batch: int | None = None, knee_at: int = 0
+) -> Calibration:
     chat = RouteCalibration(
         Endpoint("chat", "/chat/completions"),
         Coefficients(6.5, 0.2, 4.0),
@@ -37,6 +39,7 @@ def calibration(*, stops: bool | None = False, gauges=(), limit: int = 1, batch:
         SweepStep(1, 13.6, 74.0, 80.0, 40, 0),
         SweepStep(2, 13.0, 147.0, 160.0, 40, 0),
         SweepStep(4, 13.6, 294.0, 300.0, 40, 0),
+        SweepStep(32, 47.8, 703.0, 900.0, 400, 0, 8, 24),
     )
     return Calibration(
         url="http://127.0.0.1:8600",
@@ -47,7 +50,7 @@ def calibration(*, stops: bool | None = False, gauges=(), limit: int = 1, batch:
         routes=(chat, infer),
         sweep_label="chat:short",
         sweep=sweep,
-        knee=sweep[0],
+        knee=sweep[knee_at],
         limit=limit,
         engine_batch=batch,
         long_label="chat:cancel",
@@ -107,15 +110,17 @@ def test_stops_on_cancel_is_written_as_a_key_where_the_schema_has_it(monkeypatch
 
 
 def test_engine_gauges_cap_the_limit_and_point_the_metrics_reader_at_them():
-    sweep_cal = calibration(gauges=("vllm:num_requests_running", "vllm:num_requests_waiting"), limit=8, batch=8)
-    text = render.policy_toml(sweep_cal, when=WHEN)
+    gauges = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    text = render.policy_toml(calibration(gauges=gauges, limit=8, batch=8, knee_at=3), when=WHEN)
     policy = render.check_policy(text)
     assert policy.gpu.upstream_metrics_path == "/metrics"
     assert policy.limits.initial_limit == 8
-    if render.supports(render.Limits, kind="engine_queue"):
-        assert policy.limits.kind == "engine_queue"
+    assert "the engine never ran more than 8 at once while others waited inside it" in text
+    if render.supports(render.Limits, kind="engine_queue"):  # it follows the queue, up to the knee
+        assert (policy.limits.kind, policy.limits.max_limit) == ("engine_queue", 32)
     else:
-        assert policy.limits.kind == "fixed" and 'kind = "engine_queue" (follow it) needs a newer rampmeter' in text
+        assert policy.limits.kind == "fixed" and policy.limits.max_limit == 8
+        assert 'kind = "engine_queue" (follow it) needs a newer rampmeter' in text
 
 
 def test_supports_asks_the_schema():
