@@ -102,14 +102,14 @@ MAX_PATH_CHARS = 128  # longer paths are cut to this (and marked with "...") bef
 class CostEstimator:
     """Estimates `Cost` for (path, body); built from the policy's routes."""
 
-    __slots__ = ("_catch_all", "_fallback", "_max_bytes", "_routes", "_shape_routes", "unmatched")
+    __slots__ = ("_catch", "_catch_all", "_fallback", "_max_bytes", "_routes", "_shape_routes", "unmatched")
 
     def __init__(self, routes, parse_max_bytes: int) -> None:
         # Longest prefix first, so the first match is the most specific route.
         self._routes = sorted(routes, key=lambda r: len(r.path_prefix), reverse=True)
         self._max_bytes = parse_max_bytes
         self._fallback = None if any(r.path_prefix == "/" for r in routes) else _FallbackRoute()
-        catch = self._fallback or next(r for r in routes if r.path_prefix == "/")
+        catch = self._catch = self._fallback or next(r for r in routes if r.path_prefix == "/")
         # Only a catch-all that does not read bodies means "no route names this path".
         self._catch_all = catch if catch.kind == "fixed" and catch.by_shape else None
         self._shape_routes = {k: _first_of_kind(routes, k) or _ShapeRoute.of(catch, k) for k in SHAPE_KINDS}
@@ -120,7 +120,9 @@ class CostEstimator:
         for route in self._routes:
             if path.startswith(route.path_prefix):
                 return route
-        return self._fallback
+        # No "/" route, or a target that does not start with "/" (absolute form, "*", an empty
+        # h2 :path: the wire layer's to reject or normalise): costed as unmatched, never a crash.
+        return self._catch
 
     def estimate(self, path: str, body: bytes, hint: int | None = None) -> Cost:
         route = self.route_for(path)

@@ -293,3 +293,10 @@ def test_deep_nesting_where_the_body_is_not_read_or_fails_first(est):
     # messages must be a list of objects: validation stops at the first inner list, no recursion.
     assert est.estimate(CHAT, _deep("messages")).source is CostSource.UNEXPECTED_SHAPE
     assert est.estimate("/chat", _deep("messages")).source is CostSource.FIXED
+
+
+@pytest.mark.parametrize("target", ["http://x:1/v1/models?q=1", "*", "", "x/v1/chat/completions"])
+def test_targets_that_do_not_start_with_a_slash_are_unmatched_not_a_crash(est, target):
+    cost = est.estimate(target, body({"input": "a" * 8}))
+    assert (cost.route, cost.source) == (EMB, CostSource.SHAPE)  # costed by shape under the catch-all rule
+    assert est.estimate(target, b"") == Cost(1, 0, 1, CostSource.FIXED, "/")
