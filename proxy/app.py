@@ -136,6 +136,8 @@ class App:
         self._build_gate(policy)
         self.dedup = Dedup(policy.dedup, build_store(policy.dedup, metrics), metrics, rng=self.rng)
         self.lifecycles = UpstreamLifecycles(policy, metrics=metrics)
+        for warmer in self.lifecycles.warmers:  # warm-up probes seed the service-time model
+            warmer.on_sample = self.scheduler.learn_probe
         self.gpu = GpuSampler(policy.gpu, metrics=metrics, nvml=nvml)
         self.upstream_metrics = UpstreamMetricsReader(policy, metrics=metrics)
         self.request_path = RequestPath(self)
@@ -165,7 +167,7 @@ class App:
         shedder = shedding_policy.shedder(policy.shedding, len(policy.classes), self.rng)
         tenants = shedding_policy.tenant_quota(policy.tenants)
         pressure = self.gate.gpu_memory_fraction if self.gate is not None else 0.0
-        self.gate = ArrivalGate(policy, shedder, tenants, self.observatory.service)
+        self.gate = ArrivalGate(policy, shedder, tenants, self.observatory.service, ctl.models)
         self.gate.gpu_memory_fraction = pressure
         ctl.checks = [self.gate]
         # Queue-full answers get the same jittered, bounded Retry-After as shed ones.

@@ -26,8 +26,16 @@ Theory of operation (decide under bookkeeping, act outside): every method takes
   waiters (Admit, Expired) go to an outbox that `take_woken()` empties; callers
   drain it after each call (`release` returns it directly).
 - `release(lease, now, outcome, rtt_ms, observed)` ends a lease exactly once,
-  feeds the limit (SUCCESS, DROPPED), the service model (SUCCESS), the balancer
-  (REFUSED), then dispatches.
+  feeds the limit (SUCCESS, DROPPED), the service model (SUCCESS; CANCELLED with
+  the time it had upstream is a censored sample), the balancer (REFUSED), then
+  dispatches.
+- Unjudged routes: while a route's service model has nothing but priors (no
+  completed sample, no informative cut, no warm-up probe), at most
+  `scheduling.unjudged_in_flight` requests of it that carry a deadline are
+  upstream at once; the others wait for the first answer, which judges them
+  (a prior is a guess: issue 12's embeddings server took seconds where the
+  prior said 9 ms, and every request was forwarded into a 200 ms deadline).
+  A held ticket does not hold the general pool: others pass it.
 
 Reload (`apply_policy`): queued tickets survive and are re-keyed under the new
 order/aging (O(n log n), reloads are rare); tickets of a class that no longer
@@ -100,6 +108,8 @@ class AdmissionController:
         self._newcomer: int | None = None  # the ticket whose own decision arrive() returns
         self._newcomer_admit: Admit | None = None
         self._inflight_expected_ms = 0.0
+        self._probes: dict[str, int] = {}  # route -> its unjudged requests upstream
+        self._probe_leases: set[int] = set()
         self._work_in: dict[str, DecayedRate] = {}  # per class: expected ms of work arriving per second
         self._now = 0.0
         self.counts = {"admitted": 0, "expired": 0, "abandoned": 0, "released": 0, "rejected": {}}
@@ -129,9 +139,12 @@ class AdmissionController:
         deadline: float | None = None,
         budget_ms: int | None = None,
         tenant: bytes = b"",
+        now: float | None = None,
     ) -> Ticket:
-        """A ticket with its expected service time from the route's learned model."""
-        expected = self.models.expected_ms(cost.route, cost.prompt_tokens, cost.output_tokens, float(cost.units))
+        """A ticket with its expected service time from the route's learned model (never below
+        the censored floor of its shape at `now`; default: the controller's last event time)."""
+        now = self._now if now is None else now
+        expected = self.models.expected_ms(cost.route, cost.prompt_tokens, cost.output_tokens, float(cost.units), now)
         return Ticket(next(self._ticket_ids), klass, cost, expected, deadline, budget_ms, tenant)
 
     def arrive(self, ticket: Ticket, now: float) -> Admit | Enqueue | Reject:
@@ -146,7 +159,7 @@ class AdmissionController:
             if verdict is not None:
                 return self._reject(verdict)
         alone = not len(line)
-        if alone:
+        if alone and not self._held(ticket):
             placed = self._place(ticket, now, reserve_only=False)
             if placed is not None:
                 self._note_work(ticket, now)
@@ -197,6 +210,9 @@ class AdmissionController:
         inflight = self.capacity.used[i]
         self.capacity.give(i, t.klass, self._charges.pop(lease.id))
         self._inflight_expected_ms -= t.expected_ms
+        if lease.id in self._probe_leases:
+            self._probe_leases.discard(lease.id)
+            self._probes[t.cost.route] -= 1
         self._drain.add(now)
         self.counts["released"] += 1
         if outcome is Outcome.REFUSED:
@@ -219,9 +235,20 @@ class AdmissionController:
                 rtt_ms,
                 o.prompt_tokens,
                 o.output_tokens,
+                now,
             )
+        elif outcome is Outcome.CANCELLED and rtt_ms is not None:  # cut after rtt_ms upstream: censored
+            self.models.censored(t.cost.route, t.cost.prompt_tokens, t.cost.output_tokens, rtt_ms, now)
         self._dispatch(now)
         return self.take_woken()
+
+    def learn_probe(self, path: str, body: bytes, latency_ms: float, now: float) -> None:
+        """A warm-up probe of this request took `latency_ms`: a sample before any real traffic
+        (the route is judged from then on), then dispatch, since held tickets may now go."""
+        self._now = now
+        c = self.estimator.estimate(path, body)
+        self.models.seed(c.route, c.prompt_tokens, c.output_tokens, latency_ms, now)
+        self._dispatch(now)
 
     def cancel(self, ticket_id: int, now: float) -> bool:
         """A queued ticket's client went away: it leaves the queue now. False if it was not queued."""
@@ -274,6 +301,21 @@ class AdmissionController:
         """What the ticket counts against a limit: 1 request, or its tokens."""
         return 1 if self._unit_requests else max(1, ticket.cost.units)
 
+    def _held(self, ticket: Ticket) -> bool:
+        """Waits for its route's first answer (see "Unjudged routes" in the module docstring)."""
+        if ticket.deadline is None:
+            return False
+        route = ticket.cost.route
+        return self._probes.get(route, 0) >= self._unjudged_in_flight and not self.models.judged(route)
+
+    def _probes_held(self) -> bool:
+        """Some route is at its unjudged in-flight cap (the dispatch round must skip its tickets)."""
+        cap = self._unjudged_in_flight
+        return any(n >= cap for n in self._probes.values())
+
+    def _held_entry(self, entry: Entry) -> bool:
+        return self._held(entry.ticket)
+
     def _place(self, ticket: Ticket, now: float, reserve_only: bool) -> tuple[int, int] | None:
         return self.capacity.place(ticket.klass, self._units(ticket), now, self.balancer, reserve_only)
 
@@ -284,6 +326,9 @@ class AdmissionController:
         self._leases[lease.id] = lease
         self._charges[lease.id] = charge
         self._inflight_expected_ms += ticket.expected_ms
+        if ticket.deadline is not None and not self.models.judged(ticket.cost.route):
+            self._probe_leases.add(lease.id)
+            self._probes[ticket.cost.route] = self._probes.get(ticket.cost.route, 0) + 1
         self.counts["admitted"] += 1
         return Admit(lease)
 
@@ -294,7 +339,8 @@ class AdmissionController:
             if not cap.has_room():
                 return  # the usual saturated case; expiries are found by expire(now)
             progressed = blocked = False
-            for entry, weighted_pick in line.candidates(now):
+            skip = self._held_entry if self._probes_held() else None
+            for entry, weighted_pick in line.candidates(now, skip):
                 t = entry.ticket
                 expires_at = line.expires_at(t)
                 if expires_at is not None and now >= expires_at and t.id != self._newcomer:
@@ -343,6 +389,7 @@ class AdmissionController:
         sched, limits = policy.scheduling, policy.limits
         self._unit_requests = limits.unit == "requests"
         self._per_token = limits.latency_measure == "ms_per_token"
+        self._unjudged_in_flight = sched.unjudged_in_flight or float("inf")
         self.estimator = CostEstimator(policy.routes, sched.parse_max_bytes)
         self.waitline.configure(sched, policy.classes, now)
         self.models.configure(
@@ -455,7 +502,7 @@ class AdmissionController:
             "queue_growth_per_s": arrivals - leaves,
             "queue_growing": bool(len(self.waitline)) and arrivals > leaves,
             "counts": {**self.counts, "rejected": dict(self.counts["rejected"])},
-            "models": self.models.statistics(),
+            "models": self.models.statistics(now),
             "balancer": self.balancer.statistics(now),
         }
 

@@ -108,6 +108,18 @@ class ClassQueue:
             heapq.heappop(heap)
         return heap[0][2] if heap else None
 
+    def best_passing(self, skip) -> Entry | None:
+        """The best live entry for which `skip(entry)` is false. O(1) when the best passes (the
+        usual case); else one sorted scan of the heap (held entries are rare: a route's first
+        requests, until its first answer)."""
+        best = self.best()
+        if best is None or not skip(best):
+            return best
+        for _, _, e in sorted(self._heap):
+            if e.alive and not skip(e):
+                return e
+        return None
+
     def oldest(self) -> Entry | None:
         fifo = self._fifo
         while fifo and not fifo[0].alive:

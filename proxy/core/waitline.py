@@ -119,16 +119,23 @@ class Waitline:
     def waiting(self) -> set[str]:
         return {name for name, q in self.queues.items() if q.live}
 
-    def candidates(self, now: float) -> Iterator[tuple[Entry, bool]]:
-        """(entry, is_weighted_pick), best first: overdue heads, then class heads in picker order."""
+    def candidates(self, now: float, skip=None) -> Iterator[tuple[Entry, bool]]:
+        """(entry, is_weighted_pick), best first: overdue heads, then class heads in picker order.
+        With `skip`, an entry it says to skip is passed over and the next best of its class
+        offered instead (held entries: they wait without holding their class up)."""
         overdue = sorted(
             (at, q.name) for q in self.queues.values() if q.live and (at := q.overdue_at()) is not None and at <= now
         )
         for _, name in overdue:
-            yield self.queues[name].oldest(), False
+            head = self.queues[name].oldest()
+            if skip is None or not skip(head):
+                yield head, False
         weighted = self.picker.mode == "weighted"
         for rank, name in enumerate(self.picker.order(self.waiting())):
-            yield self.queues[name].best(), weighted and rank == 0
+            q = self.queues[name]
+            entry = q.best() if skip is None else q.best_passing(skip)
+            if entry is not None:
+                yield entry, weighted and rank == 0
 
     def commit(self, klass: str) -> None:
         """The weighted pick `klass` was admitted: charge the picker (before removing it)."""

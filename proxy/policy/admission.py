@@ -81,6 +81,14 @@ class Scheduling(Section):
             description="How many samples the route's service-time priors are worth before observations outweigh them.",
         ),
     ] = 5.0
+    unjudged_in_flight: Annotated[
+        int,
+        Meta(
+            ge=0,
+            le=1_000_000,
+            description="While a route's service-time model has only its priors (no answer, no request cut at its deadline, no warm-up probe yet), at most this many of its requests with a deadline go upstream at once; the rest wait for the first answer. 0: trust the priors.",
+        ),
+    ] = 1
     drain_window_s: Annotated[
         float,
         Meta(

@@ -16,8 +16,10 @@ Usage, on the request path (no exception for a rejection: a value, as everywhere
             slot.done(Outcome.SUCCESS, rtt_ms, Observed(prompt, output))
 
 Exactly-once release: the lease is released by `slot.done(...)` or, failing
-that, by leaving the `async with` (CANCELLED on trio.Cancelled, ERROR on any
-other exception or a plain exit without done). A request whose task is
+that, by leaving the `async with` (CANCELLED on trio.Cancelled, with the time
+since admission: the request was cut after that long upstream, a censored
+sample for the service model; ERROR on any other exception or a plain exit
+without done). A request whose task is
 cancelled while queued leaves the queue at once (the core's `cancel`) and is
 never forwarded: if an Admit reached it in the same instant, the lease goes
 straight back. Waiting is bounded by the caller's cancel scope and by the
@@ -98,7 +100,10 @@ class _Admission:
         slot = self._slot
         if slot is not None and slot.lease is not None and not slot._done:
             cancelled = exc_type is not None and issubclass(exc_type, trio.Cancelled)
-            slot.done(Outcome.CANCELLED if cancelled else Outcome.ERROR)
+            if cancelled:  # cut (deadline, client gone) after this long upstream: a censored sample
+                slot.done(Outcome.CANCELLED, (trio.current_time() - slot.lease.admitted_at) * 1000.0)
+            else:
+                slot.done(Outcome.ERROR)
         return False
 
 
@@ -139,7 +144,8 @@ class Scheduler:
         budget_ms: int | None = None,
         tenant: bytes = b"",
     ) -> Ticket:
-        return self.controller.ticket(self.resolve_class(priority), cost, deadline, budget_ms, tenant)
+        klass = self.resolve_class(priority)
+        return self.controller.ticket(klass, cost, deadline, budget_ms, tenant, trio.current_time())
 
     def resolve_class(self, priority: bytes | str | None) -> str:
         """The class for an x-priority value; unknown values fall back to the default and are counted."""
@@ -150,6 +156,12 @@ class Scheduler:
 
     def admit(self, ticket: Ticket) -> _Admission:
         return _Admission(self, ticket)
+
+    def learn_probe(self, path: str, body: bytes, latency_ms: float) -> None:
+        """A warm-up probe answered in `latency_ms`: seed the route's service model with it."""
+        ctl = self.controller
+        ctl.learn_probe(path, body, latency_ms, trio.current_time())
+        self._deliver(ctl.take_woken())
 
     def mark_refused(self, index: int) -> None:
         self.controller.mark_refused(index, trio.current_time())
