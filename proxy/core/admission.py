@@ -14,8 +14,10 @@ Theory of operation (decide under bookkeeping, act outside): every method takes
   have to wait but is already past its expiry time (it cannot afford any wait)
   leaves with Reject(DEADLINE_UNMEETABLE).
 - Dispatch round (after every event that can free room): offer the slot to
-  overdue heads first (past their class's max_queue_wait_ms, oldest overdue
-  first, whatever their class), then to class heads in `ClassPicker` order. The
+  overdue entries first (past their due time: `scheduling.fcfs_wait_multiple`
+  times the FCFS wait they faced at arrival, `fcfs_wait_ms`, or their class's
+  max_queue_wait_ms; earliest due first, whatever their class), then to class
+  heads in `ClassPicker` order. The
   first candidate that fits is admitted and the round starts over; once one
   does not fit, the general pool is held for it and later candidates may only
   use their own reserved slots (no overtaking, so big requests are not starved).
@@ -64,6 +66,7 @@ from proxy.core.decisions import (
     Ticket,
 )
 from proxy.core.limits import make_limit
+from proxy.core.quantiles import WindowedQuantiles
 from proxy.core.rates import DecayedRate
 from proxy.core.service_model import ServiceModels
 from proxy.core.shedding import LoadSnapshot
@@ -114,6 +117,8 @@ class AdmissionController:
         self._now = 0.0
         self.counts = {"admitted": 0, "expired": 0, "abandoned": 0, "released": 0, "rejected": {}}
         self.models = ServiceModels()
+        # Completed requests' service time, all routes: the backend's own time scale for shedding.
+        self.service_times = WindowedQuantiles(window_s=60.0, sub_windows=6, refresh_s=1.0)
         self.policy = None
         self.waitline = Waitline(policy.scheduling, policy.classes)
         self._configure(policy, 0.0)
@@ -164,7 +169,9 @@ class AdmissionController:
             if placed is not None:
                 self._note_work(ticket, now)
                 return self._admit(ticket, placed, now, now)
-        entry = line.push(ticket, now)
+        inflight = sum(self.capacity.requests)
+        slot_ms = max(ticket.expected_ms, self._inflight_expected_ms / inflight if inflight else 0.0)
+        entry = line.push(ticket, now, fcfs_wait_ms=self.fcfs_wait_ms(now), slot_ms=slot_ms)
         self._arrivals.add(now)
         if not alone:  # alone, it just failed to fit: a round would fail the same way
             self._newcomer, self._newcomer_admit = ticket.id, None
@@ -226,6 +233,7 @@ class AdmissionController:
                 else 1
             )
             self.capacity.limits[i].on_sample(now, rtt_ms / per, inflight, False)
+            self.service_times.record(rtt_ms, now)
             c, o = t.cost, observed or _NOTHING_OBSERVED
             self.models.learn(
                 c.route,
@@ -435,6 +443,18 @@ class AdmissionController:
         wait = (ahead + self._inflight_expected_ms / 2.0) / max(1, sum(self.capacity.requests))
         return wait * self.overtaking_factor(klass, now)
 
+    def fcfs_wait_ms(self, now: float) -> float:
+        """The wait FCFS would give an arrival now: all waiting work, plus half the work in flight
+        (the mean residual), over the parallelism (requests in flight, or the limit when it
+        counts requests: what drains a standing queue). On a serial server this is the work in
+        the system, which no work-conserving order changes. It sets the arrival's due time
+        (the starvation bound, proxy/core/sjf.py)."""
+        cap = self.capacity
+        parallel = sum(cap.requests)
+        if self._unit_requests:
+            parallel = max(parallel, sum(cap.limit(i) for i in range(len(cap))))
+        return (self.waitline.backlog_ms() + self._inflight_expected_ms / 2.0) / max(1, parallel)
+
     def _note_work(self, ticket: Ticket, now: float) -> None:
         rate = self._work_in.get(ticket.klass)
         if rate is None:
@@ -479,6 +499,8 @@ class AdmissionController:
             self._drain.rate(now),
             gpu_memory_fraction,
             head_wait_by_class=tuple(waits),
+            service_p50_ms=self.service_times.quantile(0.5, now) or 0.0,
+            service_p99_ms=self.service_times.quantile(0.99, now) or 0.0,
         )
 
     def statistics(self, now: float | None = None) -> dict:

@@ -39,9 +39,17 @@ class Scheduling(Section):
         Meta(
             ge=0,
             le=1_000_000,
-            description="SJF aging: a queued request's key drops by this many ms of expected service time per second waited (1000: one ms per ms).",
+            description="SJF aging: a queued request's key drops by this many ms of expected service time per second waited (1000: one ms per ms). A ratio, so it is scale-free: 100 lets a request pass one expected to take 0.1 s less for each second it waited longer, in any backend's time scale.",
         ),
-    ] = 250.0
+    ] = 100.0
+    fcfs_wait_multiple: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=1000,
+            description="Starvation bound in the backend's own terms: a queued request is overdue (served first, earliest due first) once it has waited this multiple of the wait first-come-first-served would have given it (the work ahead of it at arrival over the parallelism). SJF keeps the short requests' gain while no request waits much more than FCFS makes it wait. 0: off (only max_queue_wait_ms).",
+        ),
+    ] = 2.0
     class_mode: Annotated[
         Literal["strict", "weighted"],
         Meta(
@@ -117,9 +125,9 @@ class ClassPolicy(Section):
         Meta(
             ge=1,
             le=86_400_000,
-            description="Past this wait a request goes to the front, ahead of SJF order and other classes, so nothing starves. Keep it above normal queue waits, or SJF turns into FCFS.",
+            description="Absolute backstop of the starvation bound (the bound in the backend's terms is scheduling.fcfs_wait_multiple): past this wait a request goes to the front, ahead of SJF order and other classes. Keep it above normal queue waits, or SJF turns into FCFS.",
         ),
-    ] = 10_000
+    ] = 600_000
     default_timeout_ms: Annotated[
         int,
         Meta(
@@ -145,7 +153,7 @@ def default_classes() -> dict[str, ClassPolicy]:
             priority=0,
             weight=8,
             max_queue_length=64,
-            max_queue_wait_ms=500,
+            max_queue_wait_ms=10_000,
             default_timeout_ms=2000,
             max_timeout_ms=10_000,
         ),
@@ -153,7 +161,7 @@ def default_classes() -> dict[str, ClassPolicy]:
             priority=1,
             weight=4,
             max_queue_length=256,
-            max_queue_wait_ms=10_000,
+            max_queue_wait_ms=120_000,
             default_timeout_ms=30_000,
             max_timeout_ms=120_000,
         ),
@@ -161,7 +169,7 @@ def default_classes() -> dict[str, ClassPolicy]:
             priority=2,
             weight=1,
             max_queue_length=1024,
-            max_queue_wait_ms=120_000,
+            max_queue_wait_ms=3_600_000,
             default_timeout_ms=600_000,
             max_timeout_ms=3_600_000,
         ),

@@ -45,8 +45,11 @@ def make_policy(
     classes: dict | None = None,
     aging_ms_per_s: float = 1000.0,
     upstreams: int = 1,
+    fcfs_wait_multiple: float = 0.0,
     **limits,
 ) -> Policy:
+    """A policy for pure order tests: like patient_classes(), the FCFS-relative starvation bound
+    is off unless asked for, so what is checked is the SJF/class order itself."""
     return Policy(
         upstreams=[Upstream(url=f"http://127.0.0.1:{8000 + i}") for i in range(upstreams)],
         scheduling=Scheduling(
@@ -54,6 +57,7 @@ def make_policy(
             class_mode=class_mode,
             reserved_slots=reserved or {},
             aging_ms_per_s=aging_ms_per_s,
+            fcfs_wait_multiple=fcfs_wait_multiple,
         ),
         classes=classes or patient_classes(),
         limits=Limits(
