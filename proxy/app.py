@@ -140,6 +140,8 @@ class App:
             warmer.on_sample = self.scheduler.learn_probe
         self.gpu = GpuSampler(policy.gpu, metrics=metrics, nvml=nvml)
         self.upstream_metrics = UpstreamMetricsReader(policy, metrics=metrics)
+        # The engine's own gauges feed admission: engine_queue limit, gradient ceiling, cancel habit.
+        self.upstream_metrics.on_reading = lambda i, s: self.scheduler.note_engine(i, s.running, s.waiting)
         self.request_path = RequestPath(self)
         self.data_server = Server(self.request_path, policy.listen, metrics=metrics, name="data")
         self.admin_server = Server(
@@ -180,6 +182,7 @@ class App:
             await nursery.start(self.lifecycles.run)
             await nursery.start(self.gpu.run)
             await nursery.start(self.upstream_metrics.run)
+            await nursery.start(self.scheduler.run)  # ends phantom leases on time
             nursery.start_soon(self._signals)
             data = await _listen(nursery, self.data_server, data_address)
             admin = await _listen(nursery, self.admin_server, admin_address)

@@ -31,6 +31,14 @@ Theory of operation (decide under bookkeeping, act outside): every method takes
   feeds the limit (SUCCESS, DROPPED), the service model (SUCCESS; CANCELLED with
   the time it had upstream is a censored sample), the balancer (REFUSED), then
   dispatches.
+- Phantom leases (proxy/core/phantoms.py): a lease released CANCELLED after time
+  upstream, on an upstream that keeps computing after a disconnect
+  (`upstreams[i].stops_on_cancel`, or "auto" until learned), keeps its units
+  charged for its expected remaining service time: the backend still does that
+  work. Every call settles the phantoms that are due first (`next_phantom_end()`
+  says when the next one is; the runtime wakes then and calls `expire`).
+  `note_engine(i, running, waiting, now)` feeds the engine's own gauges: they
+  teach "auto" whether cut requests stay in the engine.
 - Unjudged routes: while a route's service model has nothing but priors (no
   completed sample, no informative cut, no warm-up probe), at most
   `scheduling.unjudged_in_flight` requests of it that carry a deadline are
@@ -66,6 +74,7 @@ from proxy.core.decisions import (
     Ticket,
 )
 from proxy.core.limits import make_limit
+from proxy.core.phantoms import STOPS, CancelHabit, Phantoms
 from proxy.core.quantiles import WindowedQuantiles
 from proxy.core.rates import DecayedRate
 from proxy.core.service_model import ServiceModels
@@ -111,11 +120,13 @@ class AdmissionController:
         self._newcomer: int | None = None  # the ticket whose own decision arrive() returns
         self._newcomer_admit: Admit | None = None
         self._inflight_expected_ms = 0.0
+        self.phantoms = Phantoms()
+        self.habits: list[CancelHabit] = []
         self._probes: dict[str, int] = {}  # route -> its unjudged requests upstream
         self._probe_leases: set[int] = set()
         self._work_in: dict[str, DecayedRate] = {}  # per class: expected ms of work arriving per second
         self._now = 0.0
-        self.counts = {"admitted": 0, "expired": 0, "abandoned": 0, "released": 0, "rejected": {}}
+        self.counts = {"admitted": 0, "expired": 0, "abandoned": 0, "released": 0, "phantoms": 0, "rejected": {}}
         self.models = ServiceModels()
         # Completed requests' service time, all routes: the backend's own time scale for shedding.
         self.service_times = WindowedQuantiles(window_s=60.0, sub_windows=6, refresh_s=1.0)
@@ -154,6 +165,7 @@ class AdmissionController:
 
     def arrive(self, ticket: Ticket, now: float) -> Admit | Enqueue | Reject:
         self._now = now
+        self._settle(now)
         line = self.waitline
         if line.get(ticket.id) is not None:
             raise ValueError(f"ticket {ticket.id} is already queued")
@@ -213,10 +225,22 @@ class AdmissionController:
         self._now = now
         if self._leases.pop(lease.id, None) is None:
             raise LeaseError(f"lease {lease.id} released twice or never granted")
+        self._settle(now)
         i, t = lease.upstream, lease.ticket
         inflight = self.capacity.used[i]
-        self.capacity.give(i, t.klass, self._charges.pop(lease.id))
+        charge = self._charges.pop(lease.id)
         self._inflight_expected_ms -= t.expected_ms
+        cut = outcome is Outcome.CANCELLED and rtt_ms is not None
+        if cut:  # cut after rtt_ms upstream: a censored sample, and maybe work the backend still does
+            self.models.censored(t.cost.route, t.cost.prompt_tokens, t.cost.output_tokens, rtt_ms, now)
+        remaining = self._remaining_ms(lease, rtt_ms, now) if cut else 0.0
+        if remaining > 0.0:
+            self.phantoms.add(lease, charge, now, remaining)
+            self._charges[lease.id] = charge  # still charged, re-counted on reload
+            self._inflight_expected_ms += remaining
+            self.counts["phantoms"] += 1
+        else:
+            self.capacity.give(i, t.klass, charge)
         if lease.id in self._probe_leases:
             self._probe_leases.discard(lease.id)
             self._probes[t.cost.route] -= 1
@@ -245,8 +269,53 @@ class AdmissionController:
                 o.output_tokens,
                 now,
             )
-        elif outcome is Outcome.CANCELLED and rtt_ms is not None:  # cut after rtt_ms upstream: censored
-            self.models.censored(t.cost.route, t.cost.prompt_tokens, t.cost.output_tokens, rtt_ms, now)
+        self._dispatch(now)
+        return self.take_woken()
+
+    def _remaining_ms(self, lease: Lease, elapsed_ms: float, now: float) -> float:
+        """What a cut request still costs its upstream: 0 if it stops on cancel, else its expected
+        total (the model's, never below the censored floor the cut just raised) less what it had."""
+        if not self.habits[lease.upstream].keeps_computing:
+            return 0.0
+        t = lease.ticket
+        c = t.cost
+        total = max(
+            t.expected_ms, self.models.expected_ms(c.route, c.prompt_tokens, c.output_tokens, t.expected_ms, now)
+        )
+        return max(0.0, total - elapsed_ms)
+
+    def _settle(self, now: float) -> bool:
+        """End the phantoms that are due; True when any did (room freed)."""
+        ended = self.phantoms.due(now)
+        for p in ended:
+            self._end_phantom(p)
+        return bool(ended)
+
+    def _end_phantom(self, p) -> None:
+        lease = p.lease
+        self.capacity.give(lease.upstream, lease.ticket.klass, self._charges.pop(lease.id))
+        self._inflight_expected_ms -= p.remaining_ms
+
+    def next_phantom_end(self) -> float | None:
+        """When the next phantom lease ends (None: none held)."""
+        return self.phantoms.next_end()
+
+    def note_engine(
+        self, index: int, running: float | None, waiting: float | None, now: float
+    ) -> list[Admit | Expired]:
+        """The engine's own request gauges for upstream `index` (None: unknown): teach "auto"
+        whether cut requests stay in the engine; returns the waiters woken."""
+        self._now = now
+        self._settle(now)
+        live = self.capacity.requests[index] - len(self.phantoms.on(index))
+        if running is not None and index < len(self.habits):
+            active = running + (waiting or 0.0)
+            if self.habits[index].observe_engine(active, live, self.phantoms.on(index), now):
+                for p in self.phantoms.drop(index):  # it stops on cancel: those slots are free
+                    self._end_phantom(p)
+                live = self.capacity.requests[index]
+        if (running is not None or waiting is not None) and self._unit_requests:
+            self.capacity.limits[index].on_engine(running, waiting or 0.0, live, now)
         self._dispatch(now)
         return self.take_woken()
 
@@ -254,6 +323,7 @@ class AdmissionController:
         """A warm-up probe of this request took `latency_ms`: a sample before any real traffic
         (the route is judged from then on), then dispatch, since held tickets may now go."""
         self._now = now
+        self._settle(now)
         c = self.estimator.estimate(path, body)
         self.models.seed(c.route, c.prompt_tokens, c.output_tokens, latency_ms, now)
         self._dispatch(now)
@@ -261,6 +331,7 @@ class AdmissionController:
     def cancel(self, ticket_id: int, now: float) -> bool:
         """A queued ticket's client went away: it leaves the queue now. False if it was not queued."""
         self._now = now
+        self._settle(now)
         entry = self.waitline.get(ticket_id)
         if entry is None:
             return False
@@ -270,19 +341,22 @@ class AdmissionController:
         return True
 
     def expire(self, now: float) -> list[Expired]:
-        """Queued tickets whose deadline can no longer be met (answer 504 deadline_expired)."""
+        """Queued tickets whose deadline can no longer be met (answer 504 deadline_expired); also
+        ends the phantom leases that are due (and admits into the room they leave: take_woken)."""
         self._now = now
+        freed = self._settle(now)
         due = self.waitline.pop_due(now)
         for _ in due:
             self._leaves.add(now)
         self.counts["expired"] += len(due)
-        if due:
+        if due or freed:
             self._dispatch(now)
         return [Expired(e.ticket, (now - e.enqueued_at) * 1000.0) for e in due]
 
     def set_capacity_factor(self, index: int, factor: float, now: float) -> list[Admit | Expired]:
         """Scale upstream `index`'s limit (slow start ramp; 0 closes it). Returns woken waiters."""
         self.capacity.factors[index] = max(0.0, factor)
+        self._settle(now)
         self._dispatch(now)
         return self.take_woken()
 
@@ -411,6 +485,17 @@ class AdmissionController:
             self._work_in = {}
         if len(policy.upstreams) == self.upstream_count:
             self.balancer.set_cooldowns(_cooldowns(policy, self.upstream_count))
+        self._configure_habits(policy)
+
+    def _configure_habits(self, policy) -> None:
+        """One CancelHabit per upstream; what "auto" learned survives a reload that keeps "auto"."""
+        ups = getattr(policy, "upstreams", ())
+        settings = [ups[i].stops_on_cancel if i < len(ups) else "auto" for i in range(self.upstream_count)]
+        old = self.habits
+        self.habits = [
+            old[i] if i < len(old) and old[i].setting == setting else CancelHabit(setting)
+            for i, setting in enumerate(settings)
+        ]
 
     def _configure_capacity(self, policy, old) -> None:
         """New limits if [limits] changed; in-flight leases re-counted under the new unit and reservations."""
@@ -423,9 +508,8 @@ class AdmissionController:
         self.capacity = cap = Capacity(limits, dict(policy.scheduling.reserved_slots))
         if previous is not None:
             cap.factors = list(previous.factors)
-        self._charges = cap.recount(
-            (lz.id, lz.upstream, lz.ticket.klass, self._units(lz.ticket)) for lz in self._leases.values()
-        )
+        held = [*self._leases.values(), *(p.lease for p in self.phantoms)]
+        self._charges = cap.recount((lz.id, lz.upstream, lz.ticket.klass, self._units(lz.ticket)) for lz in held)
 
     # --- what deadlines and shedding read ---------------------------------
 
@@ -524,6 +608,8 @@ class AdmissionController:
             "queue_growth_per_s": arrivals - leaves,
             "queue_growing": bool(len(self.waitline)) and arrivals > leaves,
             "counts": {**self.counts, "rejected": dict(self.counts["rejected"])},
+            "phantoms": self.phantoms.statistics(now),
+            "stops_on_cancel": [h.state == STOPS if h.state != "unknown" else "auto" for h in self.habits],
             "models": self.models.statistics(now),
             "balancer": self.balancer.statistics(now),
         }

@@ -150,7 +150,9 @@ class Waitline:
         With `skip`, an entry it says to skip is passed over and the next best of its class
         offered instead (held entries: they wait without holding their class up)."""
         overdue = sorted(
-            (head.seq, q.name, head) for q in self.queues.values() if q.live and (head := q.overdue_head(now)) is not None
+            (head.seq, q.name, head)
+            for q in self.queues.values()
+            if q.live and (head := q.overdue_head(now)) is not None
         )
         for _, _, head in overdue:
             if skip is None or not skip(head):

@@ -134,6 +134,19 @@ class Upstream(Section):
     cooldown_s: Annotated[
         float, Meta(ge=0, le=3600, description="An upstream that refuses connections is set aside this long.")
     ] = 5.0
+    metrics_url: Annotated[
+        str,
+        Meta(
+            pattern=r"^(http://[^/?#]+(/.*)?)?$",
+            description="Where this server's own Prometheus gauges are, when not at the upstream URL + gpu.upstream_metrics_path (Triton: http://HOST:8002/metrics). Empty: that path.",
+        ),
+    ] = ""
+    stops_on_cancel: Annotated[
+        bool | Literal["auto"],
+        Meta(
+            description="Whether the server stops working on a request when the sidecar disconnects (vLLM: true; llama.cpp non-streaming, LitServe, PyTriton, MLServer, most embeddings servers: false). false: a request cut at its deadline keeps its admission slot (a phantom lease) for its expected remaining service time, since the server is still computing it. auto: assume false until the engine's own gauges (gpu.upstream_metrics_path) show cut requests gone.",
+        ),
+    ] = "auto"
 
 
 class Policy(Section):

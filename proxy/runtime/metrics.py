@@ -191,7 +191,19 @@ SPECS: list[Spec] = [
     Spec(
         "upstream_waiting_requests",
         Gauge,
-        "Requests waiting inside the model server (vllm:num_requests_waiting).",
+        "Requests waiting inside the model server (vllm:num_requests_waiting, nv_inference_pending_request_count).",
+        ("upstream",),
+    ),
+    Spec(
+        "upstream_running_requests",
+        Gauge,
+        "Requests the model server is running (vllm:num_requests_running).",
+        ("upstream",),
+    ),
+    Spec(
+        "phantom_leases",
+        Gauge,
+        "Admission slots held for requests cut upstream that the server keeps computing, by upstream.",
         ("upstream",),
     ),
     Spec(

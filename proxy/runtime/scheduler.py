@@ -28,6 +28,11 @@ the slot carries Reject(DEADLINE_EXPIRED).
 
 Reload: `apply_policy` swaps the controller's policy (queued requests stay, see
 the core) and re-arms every waiter's expiry timer.
+
+Phantom leases (proxy/core/phantoms.py) end on a timer: `run()` (a task the app
+starts) sleeps until the controller's next phantom end, calls `expire` there and
+delivers whom the freed room admits; a new phantom that ends sooner wakes it.
+Without the task phantoms still end, at the next event that reaches the core.
 """
 
 from __future__ import annotations
@@ -129,7 +134,27 @@ class Scheduler:
         rng = rng if rng is not None else random.Random()
         self.controller = AdmissionController(policy, upstream_count, rng, balancer=balancer)
         self._waiters: dict[int, _Waiter] = {}
+        self._phantom_changed = trio.Event()
         self._m = _Instruments(metrics, self.controller) if metrics is not None else None
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """End phantom leases on time (see the module docstring); runs until cancelled."""
+        task_status.started()
+        ctl = self.controller
+        while True:
+            at = ctl.next_phantom_end()
+            with trio.move_on_at(math.inf if at is None else at):
+                await self._phantom_changed.wait()
+            self._phantom_changed = trio.Event()
+            if at is not None and trio.current_time() >= at:
+                self._deliver(ctl.expire(trio.current_time()))
+                self._deliver(ctl.take_woken())
+
+    def note_engine(self, index: int, running: float | None, waiting: float | None) -> None:
+        """The engine's own gauges for upstream `index` (running, waiting requests; None unknown)."""
+        self._deliver(self.controller.note_engine(index, running, waiting, trio.current_time()))
+        if self._m:
+            self._m.limit_changes(index)
 
     # --- the request path's calls -----------------------------------------
 
@@ -247,7 +272,12 @@ class Scheduler:
                 self._m.admitted(d)
 
     def _release(self, lease: Lease, outcome: Outcome, rtt_ms: float | None, observed: Observed | None) -> None:
-        woken = self.controller.release(lease, trio.current_time(), outcome, rtt_ms, observed)
+        ctl = self.controller
+        before = ctl.next_phantom_end()
+        woken = ctl.release(lease, trio.current_time(), outcome, rtt_ms, observed)
+        after = ctl.next_phantom_end()
+        if after is not None and (before is None or after < before):
+            self._phantom_changed.set()  # the timer task sleeps until the earliest end
         if self._m:
             self._m.released(lease, outcome, rtt_ms, observed)
         self._deliver(woken)
@@ -313,4 +343,5 @@ class _Instruments:
             label = self._metrics.upstream(i)
             self._child("admission_inflight", label).set_function(lambda i=i: ctl.capacity.used[i])
             self._child("admission_limit", label).set_function(lambda i=i: ctl.capacity.limit(i))
+            self._child("phantom_leases", label).set_function(lambda i=i: len(ctl.phantoms.on(i)))
             self.limit_changes(i)

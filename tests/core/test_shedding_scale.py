@@ -43,7 +43,9 @@ def test_retune_moves_the_target_at_once_and_regrids_the_interval_from_the_runni
 @given(
     st.lists(
         st.tuples(
-            st.floats(0, 5000), st.floats(0, 0.7), st.one_of(st.none(), st.tuples(st.floats(0, 500), st.floats(1, 3000)))
+            st.floats(0, 5000),
+            st.floats(0, 0.7),
+            st.one_of(st.none(), st.tuples(st.floats(0, 500), st.floats(1, 3000))),
         ),
         max_size=60,
     )
@@ -63,7 +65,9 @@ def test_retuning_at_any_time_keeps_the_books(events):
 
 
 def test_target_and_interval_follow_the_service_time_with_the_policy_values_as_floors():
-    shedder = make(codel_target_ms=5.0, codel_interval_ms=100.0, codel_target_p50_ratio=0.5, codel_interval_p99_ratio=1.0)
+    shedder = make(
+        codel_target_ms=5.0, codel_interval_ms=100.0, codel_target_p50_ratio=0.5, codel_interval_p99_ratio=1.0
+    )
     assert shedder.codel_scale(0.0, 0.0) == (5.0, 100.0)  # nothing observed yet: the floors
     assert shedder.codel_scale(2000.0, 9000.0) == (1000.0, 9000.0)  # a serial LLM: seconds
     assert shedder.codel_scale(4.0, 30.0) == (5.0, 100.0)  # a fast backend: the floors hold

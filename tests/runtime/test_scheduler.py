@@ -267,3 +267,29 @@ async def test_warm_up_probes_seed_the_model_through_the_driver_hook(autojump_cl
     stats = s.controller.statistics()["models"]["/v1/completions"]
     assert stats["seeded_samples"] >= 3 and stats["judged"]
     assert s.ticket(None, s.estimate("/v1/completions", b'{"prompt": "hi"}')).expected_ms > 300  # ~0.4 s, not the prior
+
+
+async def test_the_scheduler_task_ends_a_phantom_lease_on_time_and_admits_into_its_room(autojump_clock):
+    s = scheduler(make_policy(1, stops_on_cancel=False))
+    cost = s.estimate("/v1/completions", b'{"prompt": "hello", "max_tokens": 4}')
+    admitted_at: list[float] = []
+
+    async def second() -> None:
+        async with s.admit(s.ticket(None, cost)) as slot:
+            admitted_at.append(trio.current_time())
+            slot.done(Outcome.SUCCESS, 10.0)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        with trio.move_on_after(1.0):  # cut after 1 s upstream, on a server that keeps computing
+            async with s.admit(s.ticket(None, cost, trio.current_time() + 1.0)) as slot:
+                nursery.start_soon(second)
+                await trio.sleep_forever()
+        cut_at = trio.current_time()
+        assert len(s.controller.phantoms) == 1 and s.controller.capacity.used == [1]
+        end = s.controller.next_phantom_end()
+        await trio.sleep(end - cut_at + 0.001)
+        assert admitted_at and admitted_at[0] == pytest.approx(end)  # at the phantom's end, not later
+        assert s.controller.capacity.used == [0]
+        nursery.cancel_scope.cancel()
+    assert slot.lease is not None
