@@ -24,7 +24,11 @@ Idempotent requests: the dedup leader's exchange writes into a recording that it
 own client, coalesced followers and later replays all read (proxy/runtime/sinks.py).
 With dedup.continue_on_disconnect (default) the exchange runs in a task of the
 app's nursery, so a client that disconnects and retries attaches to the work
-already running instead of paying the GPU twice.
+already running instead of paying the GPU twice. On an upstream that keeps
+computing after a disconnect (`Scheduler.keeps_computing`), such a background
+leader is not cut at its deadline once it is upstream: the work runs anyway, so
+it is let finish (within `upstreams[i].timeout_s`) and its answer serves the
+client's retry, and its lease ends when the server is really done.
 """
 
 from __future__ import annotations
@@ -126,13 +130,16 @@ class RequestPath:
         """The leader's exchange, outliving its client; never lets an error reach the nursery."""
         try:
             async with handle:
-                await self.execute(request, body, ticket, RecordingSink(handle))
+                await self.execute(request, body, ticket, RecordingSink(handle), outlive=True)
                 await handle.finish(True)
         except Exception:  # the handle told its readers; the app must keep serving
             log.debug("idempotent exchange failed", exc_info=True)
 
-    async def execute(self, request: Request, body: bytes, ticket: Ticket, sink: ResponseSink) -> None:
-        """Readiness, admission and the upstream exchange, all under the ticket's deadline."""
+    async def execute(
+        self, request: Request, body: bytes, ticket: Ticket, sink: ResponseSink, *, outlive: bool = False
+    ) -> None:
+        """Readiness, admission and the upstream exchange, all under the ticket's deadline (`outlive`:
+        a background leader, which a server that keeps computing may finish past it)."""
         app = self.app
         refusal = None
         with trio.move_on_at(ticket.deadline) as deadline:
@@ -144,6 +151,9 @@ class RequestPath:
                     if slot.rejection is not None:
                         refusal = slot.rejection
                     else:
+                        if outlive and app.scheduler.keeps_computing(slot.upstream):
+                            # The server finishes it whether we wait or not: wait, for the retry's sake.
+                            deadline.deadline = trio.current_time() + app.policy.upstreams[slot.upstream].timeout_s
                         refusal = await self._forward(request, body, ticket, slot, sink)
         # Refusals are written outside the deadline's scope: a deadline that passes while the
         # answer is being written must not cut it (a 1 ms budget would get a dropped connection).

@@ -188,6 +188,11 @@ class Scheduler:
         ctl.learn_probe(path, body, latency_ms, trio.current_time())
         self._deliver(ctl.take_woken())
 
+    def keeps_computing(self, index: int) -> bool:
+        """Whether upstream `index` is taken to go on with a request after a disconnect."""
+        habits = self.controller.habits
+        return index < len(habits) and habits[index].keeps_computing
+
     def mark_refused(self, index: int) -> None:
         self.controller.mark_refused(index, trio.current_time())
 
