@@ -251,6 +251,8 @@ class AdmissionController:
         elif outcome is Outcome.DROPPED:  # overload signal: back off, latency or not
             self.capacity.limits[i].on_sample(now, rtt_ms or 0.0, inflight, True)
         elif outcome is Outcome.SUCCESS and rtt_ms is not None:
+            if observed is not None and not observed.prompt_tokens and not observed.output_tokens:
+                observed = None  # usage all zeros (LitServe reports that): it reported nothing
             per = (
                 latency_tokens(t, observed, self.models.fill(t.cost.route, t.cost.output_tokens))
                 if self._per_token

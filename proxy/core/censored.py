@@ -20,11 +20,15 @@ output tokens), a floor under the service model's estimate:
 - completed(ms): a finish inside the bucket ends the streak, and a finish below
   the floor pulls the floor down to it (the shape can take that little).
 - time: the floor fades exponentially with a time constant of FADE_MULTIPLE
-  times itself (scale-free: a 250 ms floor fades in seconds, a 30 s one in
-  minutes). A floor that made every request of its shape unmeetable would
+  times itself (scale-free: a 250 ms floor fades in about a second, a 30 s one
+  in minutes). A floor that made every request of its shape unmeetable would
   otherwise never be tested again once the backend recovered; fading lets one
   through now and then, each next try later than the last while cuts go on
-  (the floor grows geometrically, its fading time with it).
+  (the floor grows geometrically, its fading time with it). 5x: in a padded
+  batch a short request cut because it shared the batch with a long one must
+  not wait long to be tried again once the long ones are turned away
+  (bench/real_habits: with 20x, FCFS turned every request away for most of a
+  20 s step).
 
 Bounded: at most 48 x 48 buckets per route. Pure: `now` is an argument.
 """
@@ -35,7 +39,7 @@ import math
 
 INFLATE = 0.25  # a cut request is taken to need at least 25% more than it got
 MAX_STREAK = 12  # 1.25 ** 12 ~ 14.6: the most one streak multiplies a cut time by
-FADE_MULTIPLE = 20.0  # a floor's excess fades with time constant 20 x the floor
+FADE_MULTIPLE = 5.0  # a floor fades with a time constant of 5 x itself
 _MAX_BIT = 47
 
 

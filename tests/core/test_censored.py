@@ -159,3 +159,24 @@ def test_a_warm_up_probe_judges_the_route_and_lets_held_requests_go() -> None:
 def test_trusting_the_priors_is_a_policy_choice() -> None:
     ctl = AdmissionController(embeddings_policy(unjudged_in_flight=0), rng=random.Random(0))
     assert all(isinstance(ctl.arrive(embed(ctl, 0.0, 5000), 0.0), Admit) for _ in range(3))
+
+
+def test_usage_of_all_zeros_is_no_usage() -> None:
+    # LitServe's OpenAI spec answers "usage": {"prompt_tokens": 0, "completion_tokens": 0}: taken at its
+    # word, every request generated nothing and the model could not tell a short answer from a long one.
+    from proxy.core.decisions import Observed
+
+    policy = Policy(
+        upstreams=[Upstream(url="http://127.0.0.1:8000")],
+        scheduling=Scheduling(unjudged_in_flight=0),
+        limits=Limits(kind="fixed", initial_limit=8, min_limit=1),
+    )
+    ctl = AdmissionController(policy, rng=random.Random(0))
+    chat = "/v1/chat/completions"
+    for tokens, ms in ((16, 320.0), (256, 5120.0)) * 30:
+        cost = ctl.estimate(chat, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": %d}' % tokens)
+        d = ctl.arrive(ctl.ticket("interactive", cost, now=0.0), 0.0)
+        ctl.release(d.lease, 0.0, Outcome.SUCCESS, ms, Observed(0, 0))
+    short = ctl.estimate(chat, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}')
+    long_ = ctl.estimate(chat, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 256}')
+    assert ctl.ticket("interactive", long_).expected_ms > 5 * ctl.ticket("interactive", short).expected_ms
