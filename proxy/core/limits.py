@@ -26,8 +26,11 @@ admission controller enforces it. Each change records its reason
   waiting, inflight, now)`. Order only matters for what waits in rampmeter;
   what waits inside the engine is served first come, first served. So: while
   the engine's waiting queue stands (a decayed mean of at least half a request,
-  and some waiting now) the limit drops to what the engine runs; while nothing
-  waits there and the sidecar uses its whole limit, it grows by one per reading.
+  some waiting now, and the engine running as many as it has been seen to run:
+  a request that arrived between two engine steps waits a moment below the
+  engine's capacity, which is no queue) the limit drops to what the engine
+  runs; while nothing waits there and the sidecar uses its whole limit, it
+  grows by one per reading.
   It settles at the largest limit the engine runs without queueing, so the
   engine runs full batches and every queued request is ordered by rampmeter.
 - The gradient limit takes the same reading as a ceiling (`on_engine`): it
@@ -59,20 +62,26 @@ WAITING_ALPHA = 0.3  # decay of the engine's waiting count over readings
 STANDING = 0.5  # a decayed mean waiting at or above this (and someone waiting now) is a queue
 
 
+PEAK_DECAY = 0.999  # the most the engine was seen running fades by this per reading (~700 to halve)
+
+
 class EngineQueue:
     """The largest limit at which the engine's waiting queue stays near zero (see module doc)."""
 
-    __slots__ = ("limit", "reason", "waiting_mean")
+    __slots__ = ("limit", "peak_running", "reason", "waiting_mean")
 
     def __init__(self, initial: float) -> None:
         self.limit = float(initial)
         self.waiting_mean = 0.0
+        self.peak_running = 0.0
         self.reason = "initial"
 
     def reading(self, running: float | None, waiting: float, inflight: int, lo: int, hi: int) -> float:
         self.waiting_mean += WAITING_ALPHA * (waiting - self.waiting_mean)
         runs = running if running is not None else max(0.0, inflight - waiting)  # Triton: pending only
-        if waiting >= 1 and self.waiting_mean >= STANDING:
+        self.peak_running = max(runs, self.peak_running * PEAK_DECAY)
+        at_capacity = runs >= self.peak_running - 0.5
+        if waiting >= 1 and self.waiting_mean >= STANDING and at_capacity:
             new = max(lo, min(self.limit, runs))
             if new < self.limit:
                 self.limit, self.reason = new, "engine_queue"
@@ -242,6 +251,7 @@ class EngineQueueLimit:
             "estimate": self._queue.limit,
             "last_reason": self.last_reason,
             "engine_waiting_mean": self._queue.waiting_mean,
+            "engine_peak_running": self._queue.peak_running,
             "readings": self.readings,
         }
 

@@ -75,3 +75,13 @@ def test_the_controller_feeds_the_engine_gauges_to_the_limit_and_admits_into_new
     for t in range(5):
         ctl.note_engine(0, running=2.0, waiting=1.0, now=2.0 + t)  # the engine runs 2, one waits in it
     assert ctl.capacity.limit(0) == 2
+
+
+def test_a_request_waiting_between_two_engine_steps_below_capacity_is_no_queue():
+    limit = EngineQueueLimit(16, 1, 256)
+    for _ in range(5):
+        limit.on_engine(4.0, 8.0, 12, 0.0)  # the engine runs 4 and queues 8: it runs 4 at most
+    assert limit.value == 4
+    for _ in range(50):  # at the limit: one finished, its successor not yet admitted
+        limit.on_engine(3.0, 1.0, 4, 0.0)
+    assert limit.value == 4  # no ratchet down to 3, 2, 1
