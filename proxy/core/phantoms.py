@@ -119,6 +119,11 @@ class CancelHabit:
         """Hold phantoms? ("auto" until learned: yes)"""
         return self.state != STOPS
 
+    @property
+    def known_to_keep_computing(self) -> bool:
+        """Said so (false) or learned: worth letting a request finish past its deadline for."""
+        return self.state == KEEPS
+
     def observe_engine(self, engine_active: float, live_leases: int, phantoms: list[Phantom], now: float) -> bool:
         """One reading of the engine's requests (running + waiting); True when it decided "stops"."""
         if self.setting != "auto" or self.state != UNKNOWN:

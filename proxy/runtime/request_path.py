@@ -25,7 +25,8 @@ own client, coalesced followers and later replays all read (proxy/runtime/sinks.
 With dedup.continue_on_disconnect (default) the exchange runs in a task of the
 app's nursery, so a client that disconnects and retries attaches to the work
 already running instead of paying the GPU twice. On an upstream that keeps
-computing after a disconnect (`Scheduler.keeps_computing`), such a background
+computing after a disconnect (`Scheduler.keeps_computing`: stops_on_cancel =
+false, or learned by "auto"), such a background
 leader is not cut at its deadline once it is upstream: the work runs anyway, so
 it is let finish (within `upstreams[i].timeout_s`) and its answer serves the
 client's retry, and its lease ends when the server is really done.

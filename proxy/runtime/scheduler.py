@@ -189,9 +189,11 @@ class Scheduler:
         self._deliver(ctl.take_woken())
 
     def keeps_computing(self, index: int) -> bool:
-        """Whether upstream `index` is taken to go on with a request after a disconnect."""
+        """Whether upstream `index` is known to go on with a request after a disconnect
+        (stops_on_cancel = false, or learned by "auto"; an unknown "auto" is not enough to
+        keep work running past its deadline, only to hold its slot)."""
         habits = self.controller.habits
-        return index < len(habits) and habits[index].keeps_computing
+        return index < len(habits) and habits[index].known_to_keep_computing
 
     def mark_refused(self, index: int) -> None:
         self.controller.mark_refused(index, trio.current_time())
