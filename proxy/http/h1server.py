@@ -361,14 +361,20 @@ class H1Connection:
                 await self.send(CONTINUE)
 
     async def send(self, data: bytes) -> None:
-        """The only way to write during an exchange. A failed or interrupted write loses the framing."""
+        """The only way to write during an exchange. A failed or interrupted write loses the framing.
+
+        A write that must wait for room waits until the request's deadline at most (`Request.deadline`,
+        set by the handler): a client that does not read its answer is then as good as gone.
+        """
+        request = self._request
         try:
-            await self._io.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            await self._io.send_all(data, math.inf if request is None else request.deadline)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
             self.broken = True
-            if self._request is not None:
-                self.ctx.client_gone(self._request)
-            raise ClientGone("client connection lost while sending") from exc
+            if request is not None:
+                self.ctx.client_gone(request)
+            what = "did not read" if isinstance(exc, trio.TooSlowError) else "lost"
+            raise ClientGone(f"client connection {what} while sending") from exc
         except BaseException:
             self.broken = True
             raise

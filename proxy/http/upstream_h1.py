@@ -59,7 +59,7 @@ from typing import Any, Self
 
 import trio
 
-from proxy.errors import ProtocolError, UpstreamConnectError, UpstreamError, UpstreamProtocolError
+from proxy.errors import ProtocolError, UpstreamConnectError, UpstreamError, UpstreamProtocolError, UpstreamTimeout
 from proxy.http import sockio
 from proxy.http.h1parse import ResponseHead, ResponseParser
 from proxy.http.h1write import LAST_CHUNK, FieldError, chunk, request_head
@@ -116,6 +116,7 @@ class H1Connection:
         "idle_since",
         "label",
         "requests",
+        "timed_out",
     )
 
     def __init__(self, sock: trio.socket.SocketType, label: str, nursery: trio.Nursery | None = None) -> None:
@@ -134,6 +135,7 @@ class H1Connection:
         self.idle_since = 0.0  # trio.current_time() when it last went idle (the pool sets it)
         self.requests = 0
         self.closed = False
+        self.timed_out = False  # closed by the pool's deadline keeper
         self._sent_any = False
 
     @classmethod
@@ -153,6 +155,16 @@ class H1Connection:
     def is_stale(self) -> bool:
         """True if this idle connection must not carry another request."""
         return self.closed or self._busy or bool(self._poll.poll(0))
+
+    def deadline_passed(self) -> None:
+        """The exchange's deadline (pool.DeadlineKeeper): close; the waiting caller gets UpstreamTimeout."""
+        self.timed_out = True
+        self.close()
+
+    def _timeout(self) -> UpstreamTimeout:
+        return UpstreamTimeout(
+            f"upstream {self.label}: the request's deadline passed", upstream=self.label, request_sent=True
+        )
 
     def close(self) -> None:
         """Close now (synchronous, so it is safe on cancellation paths)."""
@@ -262,6 +274,8 @@ class H1Connection:
                     except BlockingIOError:
                         pass
         except (OSError, trio.ClosedResourceError) as exc:
+            if self.timed_out:
+                raise self._timeout() from exc
             raise UpstreamProtocolError(
                 f"upstream {self.label}: send failed: {exc}",
                 upstream=self.label,
@@ -276,6 +290,8 @@ class H1Connection:
         try:
             data = await sockio.receive(self._sock, RECV_BYTES, wait_first)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            if self.timed_out:
+                raise self._timeout() from exc
             if self._send_error is not None:  # the sender closed it, or the socket broke sending
                 raise self._send_error from exc
             raise UpstreamProtocolError(
@@ -332,6 +348,7 @@ class H1Response:
         "closed",
         "complete",
         "connection",
+        "deadline_entry",
         "failed",
         "headers",
         "http_version",
@@ -351,6 +368,7 @@ class H1Response:
         self.closed = False
         self.owner: Any = None
         self.started_at = 0.0
+        self.deadline_entry: list | None = None  # the pool's deadline keeper entry, disarmed at release
 
     async def receive(self) -> bytes:
         """Next body chunk as it arrived; b"" once the body has ended."""
