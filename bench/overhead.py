@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 from bench.common import (
@@ -140,8 +141,11 @@ def _listening(port: int) -> bool:
         return False
 
 
-def serve_wire(address: str, upstream_url: str) -> None:
-    """The `wire` configuration: server, pool and a plain relay, no admission (run in a child)."""
+def serve_wire(address: str, upstream_url: str, reuse_port: bool = False) -> None:
+    """The `wire` configuration: server, pool and a plain relay, no admission (run in a child).
+
+    `reuse_port`: bind with SO_REUSEPORT (bench/workers.py runs several of these on one port).
+    """
     import trio
 
     from proxy.http import forward
@@ -164,7 +168,8 @@ def serve_wire(address: str, upstream_url: str) -> None:
                     await sink.respond(resp.status, out, await resp.read())  # nginx's answer is small
 
             async with trio.open_nursery() as nursery:
-                print_ready({"data": await nursery.start(Server(relay, metrics=metrics).serve, address)})
+                serve = partial(Server(relay, metrics=metrics).serve, reuse_port=reuse_port)
+                print_ready({"data": await nursery.start(serve, address)})
 
     trio.run(main)
 
@@ -370,8 +375,8 @@ def start_proxies(configs: list[str], nginx: Nginx, args, stack: contextlib.Exit
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--serve-wire":
-        serve_wire(sys.argv[2], sys.argv[3])
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "--serve-wire":
+        serve_wire(sys.argv[2], sys.argv[3], reuse_port=sys.argv[4:] == ["--reuse-port"])
         return
 
     def add(p) -> None:

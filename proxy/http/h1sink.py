@@ -143,17 +143,15 @@ class H1Sink:
         self.status = status
         owner = self._owner
         given = None
-        close = False
-        fields = headers
-        for name, _ in headers:
+        close = copy = False
+        for name, value in headers:  # one pass; a copy only when a field of ours must go
             if name in _FRAMING:
-                fields = [(k, v) for k, v in headers if k != _TRANSFER_ENCODING and k != _CONNECTION]
-                for k, v in headers:
-                    if k == _CONTENT_LENGTH:
-                        given = v
-                    elif k == _CONNECTION and b"close" in v.lower():
-                        close = True
-                break
+                if name == _CONTENT_LENGTH:
+                    given = value
+                else:
+                    copy = True
+                    close = close or (name == _CONNECTION and b"close" in value.lower())
+        fields = [(k, v) for k, v in headers if k != _TRANSFER_ENCODING and k != _CONNECTION] if copy else headers
         bodiless = status < 200 or status in NO_BODY_STATUS
         if bodiless:
             self._has_body = False

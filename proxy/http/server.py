@@ -229,7 +229,13 @@ class Server:
             protocol_errors=ctx.protocol_errors,
         )
 
-    async def serve(self, address: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, address: str, *, reuse_port: bool = False, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Bind `address` and serve until cancelled or shut down.
+
+        `reuse_port`: bind with SO_REUSEPORT, so several processes share the port and the
+        kernel spreads connections over them (bench/workers.py measures it; admission is
+        per process, see docs/multicore.md, so the sidecar itself does not offer it).
+        """
         if self._fd_reserve is not None:
             cap, why = fd_cap(self._ctx.limits.max_connections, self._fd_reserve, _raise_nofile())
             if why is not None:
@@ -238,7 +244,7 @@ class Server:
                 log.warning("%s", why)
                 self._fd_cap = cap
         host, port = parse_address(address)
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        listeners = await (_reuse_port_listener(host, port) if reuse_port else trio.open_tcp_listeners(port, host=host))
         self._address = format_address(listeners[0].socket.getsockname())
         try:
             async with trio.open_nursery() as connections:
@@ -356,6 +362,15 @@ class Server:
         finally:
             if gauge is not None:
                 gauge.dec()
+
+
+async def _reuse_port_listener(host: str | None, port: int) -> list[trio.SocketListener]:
+    sock = trio.socket.socket(trio.socket.AF_INET6 if host and ":" in host else trio.socket.AF_INET)
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEPORT, 1)
+    await sock.bind((host or "0.0.0.0", port))
+    sock.listen(4096)
+    return [trio.SocketListener(sock)]
 
 
 def _peer(stream: trio.SocketStream) -> str:
