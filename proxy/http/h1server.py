@@ -113,6 +113,7 @@ class H1Connection:
         self.requests = 0
         self.broken = False  # framing lost (aborted or interrupted write, body error): close, never reuse
         self.h2_initial: bytes | None = None  # the first bytes, when they were the HTTP/2 preface
+        self._detected_bytes = False
         self._head: RequestHead | None = None
         self._request: Request | None = None
         self._body: H1Body | None = None
@@ -151,8 +152,11 @@ class H1Connection:
                 await self._close(linger)
 
     def drain(self) -> None:
-        """Server shutdown: close now if between requests; otherwise the answer says `connection: close`."""
-        if self._phase is not Phase.IN_REQUEST:
+        """Server shutdown: close now if between requests; otherwise the answer says `connection: close`.
+
+        A head already begun is let finish (the server's drain grace), and answered with close.
+        """
+        if self._phase is Phase.WAIT_HEAD or (self._phase is Phase.DETECT and not self._detected_bytes):
             self.expire("drain")
 
     def expire(self, reason: str) -> None:
@@ -193,6 +197,7 @@ class H1Connection:
             if not data:
                 return b""
             buf += data
+            self._detected_bytes = True
         if buf.startswith(PREFACE):
             self.h2_initial = buf
             self.ctx.patrol.forget(self)
