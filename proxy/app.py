@@ -41,7 +41,7 @@ from proxy import build
 from proxy.core.arrival import ArrivalGate
 from proxy.errors import StartupError
 from proxy.http.pool import UpstreamPool
-from proxy.http.server import Server
+from proxy.http.server import FD_BASE_RESERVE, Server
 from proxy.policy import shedding as shedding_policy
 from proxy.policy.schema import Listen, Policy
 from proxy.runtime.admin import AdminHandler
@@ -143,7 +143,9 @@ class App:
         # The engine's own gauges feed admission: engine_queue limit, gradient ceiling, cancel habit.
         self.upstream_metrics.on_reading = lambda i, s: self.scheduler.note_engine(i, s.running, s.waiting)
         self.request_path = RequestPath(self)
-        self.data_server = Server(self.request_path, policy.listen, metrics=metrics, name="data")
+        # Descriptors the data port's connections must leave free (proxy/http/server.py fd_cap).
+        reserve = sum(u.max_connections for u in policy.upstreams) + ADMIN_LIMITS.max_connections + FD_BASE_RESERVE
+        self.data_server = Server(self.request_path, policy.listen, metrics=metrics, name="data", fd_reserve=reserve)
         self.admin_server = Server(
             AdminHandler(
                 registry=metrics.registry,

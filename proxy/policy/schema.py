@@ -46,7 +46,12 @@ class Listen(Section):
 
     address: Annotated[HostPort, Meta(description="Where clients connect.")] = "0.0.0.0:8080"
     max_connections: Annotated[
-        int, Meta(ge=1, le=1_000_000, description="Open client connections; more are refused at accept.")
+        int,
+        Meta(
+            ge=1,
+            le=1_000_000,
+            description="Open client connections. At the limit a newcomer is still served: the connection that has been silent longest (a stalled head or body, the longest-idle keep-alive one) is closed to make room; only when all are busy with requests is the newcomer refused. Capped at start to what the open-file limit allows after the upstream connections and the admin port.",
+        ),
     ] = 4096
     max_concurrent_streams: Annotated[
         int,
@@ -64,6 +69,14 @@ class Listen(Section):
     ] = 16_777_216
     header_timeout_s: Annotated[
         float, Meta(gt=0, le=3600, description="Time a client has to send a complete request head; slower gets 408.")
+    ] = 10.0
+    body_timeout_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            le=3600,
+            description="Longest wait for the next bytes of a request body (and for its first); longer gets 408 and the connection closes (as nginx's client_body_timeout). The request's own deadline (x-request-timeout-ms, grpc-timeout) also applies while its body is read.",
+        ),
     ] = 10.0
     idle_timeout_s: Annotated[
         float, Meta(gt=0, le=86_400, description="Idle keep-alive connections are closed after this long.")

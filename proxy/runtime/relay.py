@@ -2,7 +2,10 @@
 
 Theory of operation: `forward()` runs one upstream exchange inside the caller's
 cancel scope (which carries the request's one deadline) plus the upstream's own
-cap (`upstreams[i].timeout_s`). It returns what admission must learn: the
+cap (`upstreams[i].timeout_s`). With `scoped=False` the caller holds no scope: the
+earlier of deadline and cap is then the pool's to enforce (HTTP/1.1 upstreams:
+`pool.bounds_deadlines`, no scope per request) or, for the rest, one scope here; a
+request deadline that passes mid-exchange is answered 504 deadline_expired here. It returns what admission must learn: the
 outcome (SUCCESS, DROPPED when the upstream itself signalled overload with
 503/429, ERROR, REFUSED), the service time (first request byte to the last
 response byte) and, when the upstream reported it, the tokens it used.
@@ -36,7 +39,7 @@ import trio
 
 from proxy.core import wire
 from proxy.core.decisions import Observed, Outcome
-from proxy.errors import UpstreamConnectError, UpstreamError
+from proxy.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from proxy.http import forward as fwd
 from proxy.http.messages import Headers, Request, ResponseSink, header_value
 from proxy.http.ratelog import RateLimitedLog
@@ -84,6 +87,8 @@ async def forward(
     sink: ResponseSink,
     extra_headers: Headers,
     deadline: float | None = None,
+    *,
+    scoped: bool = True,
 ) -> Forwarded:
     headers = fwd.request_headers(request, pool.authority(upstream))
     started = trio.current_time()
@@ -91,13 +96,27 @@ async def forward(
         _restamp_budget(headers, deadline - started)
     cap = started + timeout_s
     try:
-        if deadline is not None and deadline <= cap:
+        if not scoped:
+            bound = cap if deadline is None else min(deadline, cap)
+            status, observed = await _bounded(pool, upstream, bound, request, headers, body, sink, extra_headers)
+        elif deadline is not None and deadline <= cap:
             # The caller's deadline scope already ends it first (the usual case: class
             # budgets are seconds, upstream caps minutes); a second scope costs ~9 us.
             status, observed = await _exchange(pool, upstream, request, headers, body, sink, extra_headers)
         else:
             with trio.fail_at(cap):
                 status, observed = await _exchange(pool, upstream, request, headers, body, sink, extra_headers)
+    except (UpstreamTimeout, trio.TooSlowError):
+        deadline_passed = not scoped and deadline is not None and deadline <= cap
+        if sink.headers_sent:
+            if deadline_passed:
+                raise  # the request path cuts the stream, as when its own scope fired
+            return _cut(upstream, request, f"took longer than {timeout_s:g}s", started)
+        if deadline_passed:
+            message = "the request's deadline passed"
+            return await _answer(sink, Outcome.CANCELLED, wire.Reason.DEADLINE_EXPIRED, message)
+        message = f"upstream {upstream} took longer than {timeout_s:g}s"
+        return await _answer(sink, Outcome.DROPPED, wire.Reason.UPSTREAM_TIMEOUT, message)
     except UpstreamConnectError as exc:
         message = f"upstream {upstream} unavailable: {exc}"
         return await _answer(sink, Outcome.REFUSED, wire.Reason.UPSTREAM_UNAVAILABLE, message)
@@ -106,19 +125,26 @@ async def forward(
             return _cut(upstream, request, str(exc), started)
         message = f"upstream {upstream} failed: {exc}"
         return await _answer(sink, Outcome.ERROR, wire.Reason.UPSTREAM_UNAVAILABLE, message)
-    except trio.TooSlowError:
-        if sink.headers_sent:
-            return _cut(upstream, request, f"took longer than {timeout_s:g}s", started)
-        message = f"upstream {upstream} took longer than {timeout_s:g}s"
-        return await _answer(sink, Outcome.DROPPED, wire.Reason.UPSTREAM_TIMEOUT, message)
     service_ms = (trio.current_time() - started) * 1000.0
     if status in (429, 503):
         return Forwarded(Outcome.DROPPED, status, service_ms)
     return Forwarded(Outcome.ERROR if status >= 500 else Outcome.SUCCESS, status, service_ms, observed)
 
 
-async def _exchange(pool, upstream, request, headers, body, sink, extra_headers) -> tuple[int, Observed | None]:
-    async with pool.request(upstream, request.method, request.target, headers, body) as resp:
+async def _bounded(pool, upstream, bound, *args) -> tuple[int, Observed | None]:
+    """The exchange, ended at `bound` by the pool where it can (no scope per request), else by one scope."""
+    bounds = getattr(pool, "bounds_deadlines", None)
+    if bounds is not None and bounds(upstream):
+        return await _exchange(pool, upstream, *args, deadline=bound)
+    with trio.fail_at(bound):
+        return await _exchange(pool, upstream, *args)
+
+
+async def _exchange(
+    pool, upstream, request, headers, body, sink, extra_headers, deadline=None
+) -> tuple[int, Observed | None]:
+    bound = () if deadline is None else (deadline,)
+    async with pool.request(upstream, request.method, request.target, headers, body, *bound) as resp:
         out_headers = fwd.response_headers(resp.headers, resp.http_version)
         out_headers += extra_headers
         return resp.status, await _relay(resp, sink, out_headers)

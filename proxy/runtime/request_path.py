@@ -11,10 +11,20 @@ reads like the path itself:
     record latency, resolve dedup, release the slot exactly once
 
 Each step is a call into the module that owns it; this file only sequences them
-and answers per the wire contract (proxy/core/wire.py). The one deadline is
-applied once, with `trio.move_on_at`, around queueing and the upstream call: a
-request whose deadline passes is answered 504 deadline_expired, and its upstream
-exchange is cancelled, freeing the GPU.
+and answers per the wire contract (proxy/core/wire.py). A request whose deadline
+passes is answered 504 deadline_expired, and its upstream exchange is cancelled,
+freeing the GPU. How the deadline is applied depends on whether the request can
+wait anywhere that only a cancel scope bounds:
+
+- the common case (ready, an HTTP/1.1 client): no scope. A queued wait ends at
+  the controller's expiry (never later than the deadline); the upstream exchange
+  is bounded by the pool (relay.forward with scoped=False: no scope per request
+  for HTTP/1.1 upstreams); a client that does not read its answer is given up at
+  the deadline by the h1 server (`Request.deadline`). Entering and leaving a scope
+  costs ~17 us a request (proxy/http/deadlines.py), most of a "plain" request's
+  wait-free path.
+- otherwise (warming up, an HTTP/2 client whose writes the h2 server does not
+  bound): one `trio.move_on_at` around readiness, queueing and the upstream call.
 
 Request bodies are read whole (bounded by listen.max_body_bytes) before anything
 else: admission needs them to estimate cost and dedup to fingerprint them, the
@@ -43,7 +53,7 @@ from proxy.core import wire
 from proxy.core.arrival import service_key
 from proxy.core.decisions import Outcome, Reject, Ticket
 from proxy.core.served_paths import ServedPaths
-from proxy.errors import ResponseCut
+from proxy.errors import ResponseCut, UpstreamTimeout
 from proxy.http.messages import Request, ResponseSink
 from proxy.http.ratelog import RateLimitedLog
 from proxy.runtime import relay
@@ -142,6 +152,16 @@ class RequestPath:
         """Readiness, admission and the upstream exchange, all under the ticket's deadline (`outlive`:
         a background leader, which a server that keeps computing may finish past it)."""
         app = self.app
+        if app.lifecycles.ready and request.http_version != "2" and not outlive:
+            # HTTP/1.1 fast path, no cancel scope: the pool bounds the exchange by the deadline.
+            request.deadline = ticket.deadline
+            async with app.scheduler.admit(ticket) as slot:
+                refusal = slot.rejection
+                if refusal is None:
+                    refusal = await self._forward(request, body, ticket, slot, sink, scoped=False)
+            if refusal is not None:
+                await self.reject(sink, refusal, ticket.klass)
+            return
         refusal = None
         with trio.move_on_at(ticket.deadline) as deadline:
             if not app.lifecycles.ready and not await app.lifecycles.hold_until_ready(ticket.deadline):
@@ -172,7 +192,9 @@ class RequestPath:
             expired = Reject(wire.Reason.DEADLINE_EXPIRED, None, "the request's deadline passed")
             await self.reject(sink, expired, ticket.klass)
 
-    async def _forward(self, request: Request, body: bytes, ticket: Ticket, slot, sink: ResponseSink) -> Reject | None:
+    async def _forward(
+        self, request: Request, body: bytes, ticket: Ticket, slot, sink: ResponseSink, scoped: bool = True
+    ) -> Reject | None:
         """Forward and relay; or, when the time left is below the p99 service time, the refusal to answer."""
         app = self.app
         now = trio.current_time()
@@ -197,7 +219,23 @@ class RequestPath:
         ]
         upstream = slot.upstream
         timeout_s = app.policy.upstreams[upstream].timeout_s
-        result = await relay.forward(app.pool, upstream, timeout_s, request, body, sink, extra, ticket.deadline)
+        try:
+            result = await relay.forward(
+                app.pool, upstream, timeout_s, request, body, sink, extra, ticket.deadline, scoped=scoped
+            )
+        except (UpstreamTimeout, trio.TooSlowError) as exc:  # unscoped only: the deadline passed mid-stream
+            slot.cut()
+            _events.event(
+                "deadline_mid_response",
+                "deadline passed while streaming the response to %s for %r; cut",
+                request.client or "?",
+                request,
+            )
+            raise ResponseAborted("deadline passed while the response was streaming") from exc
+        if result.reason is wire.Reason.DEADLINE_EXPIRED:  # unscoped only: as the scope's cancellation would be
+            slot.cut()
+            self._count_rejection(ticket.klass, result.reason)
+            return None
         slot.done(result.outcome, result.service_ms, result.observed)
         app.lifecycles.report_result(upstream, result.outcome not in _FAILED)
         if result.cut:

@@ -84,6 +84,13 @@ class Slot:
         self._done = True
         self._scheduler._release(self.lease, outcome, rtt_ms, observed)
 
+    def cut(self) -> None:
+        """End a forwarded lease that was cut (deadline, client gone): CANCELLED with the time since
+        admission, a censored sample, as leaving the `async with` on trio.Cancelled gives."""
+        if self.lease is None:
+            raise LeaseError("cut() on a slot without a live lease")
+        self.done(Outcome.CANCELLED, (trio.current_time() - self.lease.admitted_at) * 1000.0)
+
     def __repr__(self) -> str:
         state = "rejected" if self.rejection else ("done" if self._done else "leased")
         return f"<Slot {state} lease={self.lease and self.lease.id} upstream={self.lease and self.lease.upstream}>"
@@ -106,7 +113,7 @@ class _Admission:
         if slot is not None and slot.lease is not None and not slot._done:
             cancelled = exc_type is not None and issubclass(exc_type, trio.Cancelled)
             if cancelled:  # cut (deadline, client gone) after this long upstream: a censored sample
-                slot.done(Outcome.CANCELLED, (trio.current_time() - slot.lease.admitted_at) * 1000.0)
+                slot.cut()
             else:
                 slot.done(Outcome.ERROR)
         return False

@@ -183,6 +183,11 @@ async def test_upstream_call_past_the_deadline_is_cancelled_and_the_pod_counts_t
         return (await admission(proxy))["inflight_requests"] == 0
 
     await until(slot_free)
+    # Counted as the sidecar's answer (the pool ended the exchange, no scope did), and nothing failed after it.
+    async with httpx.AsyncClient(timeout=5) as client:
+        metrics = (await client.get(proxy.url("admin") + "/metrics")).text
+    assert 'reason="deadline_expired"} 1.0' in metrics
+    assert "Traceback" not in proxy.log()
 
 
 @pytest.mark.parametrize("http2", [False, True])

@@ -212,11 +212,36 @@ async def test_h2_garbage_after_preface_gets_goaway_and_others_are_still_served(
             assert server.statistics().protocol_errors == 1
 
 
-async def test_max_connections_closes_the_extra_one_at_accept():
+async def test_at_max_connections_the_longest_silent_connection_makes_room():
     metrics = Metrics()
     with trio.fail_after(30):
         async with serving(hello, Listen(max_connections=2), metrics=metrics) as (server, address):
-            kept = [await connect(address) for _ in range(2)]
+            served = await connect(address)
+            await served.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            await read_until(served, b"hello\n")  # now idle, kept alive
+            silent = await connect(address)  # never says a word
+            await trio.sleep(0.05)
+            newcomer = await connect(address)
+            await newcomer.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert (await read_until(newcomer, b"hello\n")).startswith(b"HTTP/1.1 200 ")
+            assert await read_to_eof(served) == b""  # idle longest: closed to make room, without a word
+            await served.aclose()
+            await silent.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert (await read_until(silent, b"hello\n")).startswith(b"HTTP/1.1 200 ")
+            stats = server.statistics()
+            assert (stats.connections_evicted, stats.connections_rejected) == (1, 0)
+
+
+async def test_at_max_connections_a_newcomer_is_refused_only_when_all_are_busy():
+    metrics = Metrics()
+    gate = Gate()
+    with trio.fail_after(30):
+        async with serving(gate, Listen(max_connections=2), metrics=metrics) as (server, address):
+            busy = [await connect(address) for _ in range(2)]
+            for stream in busy:
+                await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            while len(gate.requests) < 2:
+                await trio.sleep(0.01)
             extra = await connect(address)
             try:
                 assert await extra.receive_some(100) == b""
@@ -224,8 +249,8 @@ async def test_max_connections_closes_the_extra_one_at_accept():
                 pass  # a reset is as good as a close here
             assert server.statistics().connections_rejected == 1
             assert metrics.connections_rejected.collect()[0].samples[0].value == 1.0
-            await kept[0].send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-            assert (await read_until(kept[0], b"hello\n")).startswith(b"HTTP/1.1 200 ")
+            gate.release.set()
+            assert (await read_until(busy[0], b"released\n")).startswith(b"HTTP/1.1 200 ")
 
 
 async def test_slow_head_gets_408():
