@@ -180,8 +180,11 @@ class RequestPath:
         extra = [(_QUEUE_MS, b"%d" % queue_ms), (_HINT_MS, b"%d" % hint)]
         upstream = slot.upstream
         timeout_s = app.policy.upstreams[upstream].timeout_s
-        result = await relay.forward(app.pool, upstream, timeout_s, request, body, sink, extra, ticket.deadline)
-        slot.done(result.outcome, result.service_ms, result.observed)
+        # The slot is released when the upstream's part is over, before the last write to the client.
+        release = lambda r: slot.done(r.outcome, r.service_ms, r.observed)  # noqa: E731
+        result = await relay.forward(
+            app.pool, upstream, timeout_s, request, body, sink, extra, ticket.deadline, release
+        )
         app.lifecycles.report_result(upstream, result.outcome not in _FAILED)
         if result.cut:
             raise ResponseCut("the upstream failed mid-response")  # relay logged it
