@@ -57,7 +57,8 @@ Where we step around h2, and why:
   GOAWAY frames ourselves (hyperframe). An idle connection gets one GOAWAY with the
   real last-stream-id (nothing is in flight to lose; a stream racing it has a higher
   id, which every client, httpx included, retries elsewhere), and so does a busy one
-  that goes idle within DRAIN_IDLE_WAIT_S. Past that, two GOAWAYs as RFC 9113 6.8 and
+  that goes idle within `drain_idle_wait_s` (a quarter of drain_timeout_s, at most 5 s;
+  meanwhile it is served as usual). Past that, two GOAWAYs as RFC 9113 6.8 and
   nghttp2 do: first last-stream-id 2^31-1 with a PING, then, at the PING's ACK (one
   round trip: every stream the client started before it saw the first GOAWAY has
   arrived) or after DRAIN_RTT_MAX_S, the real last-stream-id; streams above it are
@@ -95,7 +96,7 @@ STREAM_WINDOW = 262_144  # per-stream receive window: the most one stream's body
 FRAMES_PER_TURN = 64  # frames handled before the reader lets the other tasks run (when more are buffered)
 OUT_HIGH = 262_144  # bytes queued for the socket past which the reader stops reading
 CLOSE_GRACE_S = 1.0  # time to flush a final GOAWAY before closing
-DRAIN_IDLE_WAIT_S = 1.0  # drain: how long a busy connection may take to go idle before the two-step GOAWAY
+DRAIN_IDLE_WAIT_MAX_S = 5.0  # drain: a busy connection may take min(this, drain_timeout_s / 4) to go idle
 DRAIN_RTT_MAX_S = 1.0  # two-step GOAWAY: the second one at the PING ACK, or after this long
 HEADER_LIST_HARD_FACTOR = 4
 MAX_STREAM_ID = 2**31 - 1
@@ -195,6 +196,11 @@ class _H2State(h2.connection.H2Connection):
         # decode the HEADERS of a stream we then refuse (see module doc). The property also
         # prunes closed streams, so call it.
         return super().open_inbound_streams - _REFUSAL_SLACK
+
+
+def drain_idle_wait_s(limits) -> float:
+    """How long a draining connection with streams in flight may take to go idle (module doc)."""
+    return min(DRAIN_IDLE_WAIT_MAX_S, limits.drain_timeout_s / 4)
 
 
 def flood_limits(limits) -> FloodLimits:
@@ -299,9 +305,9 @@ class H2Connection:
             self._nursery.start_soon(self._drain_busy)
 
     async def _drain_busy(self) -> None:
-        """Streams in flight: give them DRAIN_IDLE_WAIT_S to end (stream_done sends the one GOAWAY
+        """Streams in flight: give them drain_idle_wait_s to end (stream_done sends the one GOAWAY
         then); past it, the two-step GOAWAY: 2^31-1 and a PING, then the real one at the ACK."""
-        await trio.sleep(DRAIN_IDLE_WAIT_S)
+        await trio.sleep(drain_idle_wait_s(self.ctx.limits))
         if self._goaway_last is not None:
             return
         self.kick()  # whatever h2 has pending goes before the GOAWAY

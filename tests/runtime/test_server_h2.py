@@ -12,7 +12,7 @@ from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 
 from proxy.http.exchange import ServerContext
-from proxy.http.h2server import DRAIN_IDLE_WAIT_S, MAX_STREAM_ID, STREAM_WINDOW, H2Connection
+from proxy.http.h2server import MAX_STREAM_ID, STREAM_WINDOW, H2Connection, drain_idle_wait_s
 from proxy.policy.schema import Listen
 from proxy.runtime.metrics import Metrics
 from proxy.testing.handlers import Gate, H2Peer, Router, blob, echo, hello, pattern
@@ -246,7 +246,7 @@ async def test_drain_of_a_busy_connection_sends_two_goaways_finishes_in_flight_a
         await gate.arrived.wait()
         ctx.draining = True
         conn.drain()
-        await trio.sleep(DRAIN_IDLE_WAIT_S)  # busy past DRAIN_IDLE_WAIT_S: the advisory GOAWAY is on its way
+        await trio.sleep(drain_idle_wait_s(LIMITS))  # still busy: the advisory GOAWAY is on its way
         racing = await peer.request(b"/")  # sent before the client has read it: must be served
         await peer.until(lambda: len(peer.goaways) == 2)
         assert peer.goaways[0] == (ErrorCodes.NO_ERROR, MAX_STREAM_ID)
@@ -282,7 +282,7 @@ async def test_drain_of_a_connection_that_goes_idle_soon_sends_one_goaway(autoju
         await gate.arrived.wait()
         ctx.draining = True
         conn.drain()
-        await trio.sleep(DRAIN_IDLE_WAIT_S / 2)
+        await trio.sleep(drain_idle_wait_s(LIMITS) / 2)
         gate.release.set()
         await peer.until(lambda: peer.streams[in_flight].ended and peer.goaway is not None)
         await done.wait()
