@@ -63,8 +63,7 @@ Where we step around h2, and why:
   round trip: every stream the client started before it saw the first GOAWAY has
   arrived) or after DRAIN_RTT_MAX_S, the real last-stream-id; streams above it are
   refused. Why not always two: python-h2 clients (httpx) treat any GOAWAY as the end
-  of every stream not yet answered, and a stream they start in the round trip after
-  a 2^31-1 GOAWAY fails instead of being retried (docs/security-h2.md has the test).
+  of every stream not yet answered (docs/security-h2.md; tests/security/test_h2_drain.py).
 - Header list size: we advertise limits.max_header_bytes; HPACK decoding allows
   4x that (beyond it: COMPRESSION/ENHANCE_YOUR_CALM connection error), and a list
   between the two gets 431 on its own stream.
@@ -88,7 +87,7 @@ from proxy.core.flood import FloodBudget, FloodLimits
 from proxy.errors import ClientGone
 from proxy.http import h2rules, hpack_memo, sockio
 from proxy.http.exchange import ServerContext
-from proxy.http.h2stream import H2Stream, build_request
+from proxy.http.h2stream import H2Sink, H2Stream, build_request
 from proxy.http.ratelog import RateLimitedLog
 
 RECEIVE_SIZE = 65_536
@@ -239,6 +238,8 @@ class H2Connection:
         self.send_timeout_s = limits.h2_send_timeout_s
         self.send_buffer_bytes = limits.h2_send_buffer_bytes
         self.held_bytes = 0  # response bytes held for streams' flow-control windows (h2stream)
+        self.holding: dict[int, H2Sink] = {}  # the streams holding some, oldest first
+        self.writes = 0  # batches handed to the kernel: progress, for senders waiting on the client
         self.streams: dict[int, H2Stream] = {}
         self.requests = 0
         self._stream = stream
@@ -398,6 +399,7 @@ class H2Connection:
                 if not self._peer_reset(event.stream_id):
                     return  # rapid reset: the connection is closing
             elif kind is h2.events.WindowUpdated or kind is h2.events.RemoteSettingsChanged:
+                self._pump_held()
                 self._send_lot.unpark_all()
             elif kind is h2.events.PingAckReceived:
                 if event.ping_data == _DRAIN_PING:
@@ -519,6 +521,16 @@ class H2Connection:
                 return
             self.kick()
 
+    def _pump_held(self) -> None:
+        """Move held response bytes into the windows that opened (oldest stream first)."""
+        for sid, sink in list(self.holding.items()):
+            if self.out_room() <= 0:
+                return
+            try:
+                sink.pump()
+            except ClientGone:
+                self.holding.pop(sid, None)  # its stream is gone; its task drops what it held
+
     async def wait_send(self) -> None:
         """Until a window opens, the writer makes progress, or a stream or the connection ends."""
         await self._send_lot.park()
@@ -581,5 +593,8 @@ class H2Connection:
                 self._nursery.cancel_scope.cancel()
                 return
             self._sent_seq = seq
+            self.writes += 1
             self._flushed_lot.unpark_all()
+            if self.holding:
+                self._pump_held()
             self._send_lot.unpark_all()

@@ -248,6 +248,7 @@ class H2Sink:
 
     def drop_held(self) -> None:
         self._conn.held_bytes -= self._held_bytes
+        self._conn.holding.pop(self._stream.sid, None)
         self._held.clear()
         self._held_bytes = 0
 
@@ -270,6 +271,8 @@ class H2Sink:
     def _push(self, data: bytes, end_stream: bool) -> None:
         """Send what can go now; hold the rest (after anything already held, to keep the order)."""
         view = memoryview(data)
+        if self._held:
+            self.pump()
         if not self._held:
             view = self._send_now(view, end_stream)
             if view is None:
@@ -277,6 +280,7 @@ class H2Sink:
         self._held.append(view)
         self._held_bytes += len(view)
         self._conn.held_bytes += len(view)
+        self._conn.holding[self._stream.sid] = self
         self._end_held = self._end_held or end_stream
 
     def _send_now(self, view: memoryview, end_stream: bool) -> memoryview | None:
@@ -300,8 +304,12 @@ class H2Sink:
             conn.kick()
         return None if offset == total else view[offset:]
 
-    def _pump(self) -> bool:
-        """Send held bytes the window now allows; whether any moved."""
+    def pump(self) -> bool:
+        """Send held bytes the window and the socket queue now allow; whether any moved.
+
+        Called by this stream's task, and by the connection (no task switch) when a
+        WINDOW_UPDATE arrives or the writer drains, so held bytes move even while the
+        handler waits for its upstream."""
         moved = False
         held = self._held
         while held:
@@ -315,6 +323,8 @@ class H2Sink:
                 held[0] = rest
                 break
             held.popleft()
+        if not held:
+            self._conn.holding.pop(self._stream.sid, None)
         return moved
 
     async def _room(self) -> None:
@@ -324,13 +334,17 @@ class H2Sink:
             await self._wait(conn.send_room)
 
     async def _wait(self, done) -> None:
-        """Pump held bytes as the client makes room until `done()`; reset CANCEL if nothing moves for long."""
+        """Until `done()`, as the client makes room; reset CANCEL once nothing moved for the send timeout.
+
+        Progress is this stream's held bytes moving or the connection's writer handing
+        bytes to the kernel (a slow reader behind a long queue is still reading)."""
         conn = self._conn
         deadline = trio.current_time() + conn.send_timeout_s
         while not done():
+            before = (self._held_bytes, conn.writes)
             with trio.move_on_at(deadline) as waited:
                 await conn.wait_send()
-            if self._pump():
+            if self.pump() or (self._held_bytes, conn.writes) != before:
                 deadline = trio.current_time() + conn.send_timeout_s
             elif waited.cancelled_caught and not done():
                 conn.timed_out("stream_send", f"client took nothing for {conn.send_timeout_s:g}s; RST_STREAM CANCEL")

@@ -323,6 +323,28 @@ async def test_held_bytes_flow_as_the_window_opens(autojump_clock):
         assert len(peer.streams[sid].body) == 40_000 and peer.streams[sid].reset_code is None
 
 
+async def test_held_bytes_move_when_the_window_opens_while_the_handler_waits_for_its_upstream(autojump_clock):
+    upstream_done = trio.Event()
+
+    async def streaming(request, sink) -> None:
+        await sink.start(200, [])
+        await sink.send(b"token-1 ")  # no window yet: held, and send() returns
+        await upstream_done.wait()  # the next token is a long way off
+        await sink.send(b"token-2")
+        await sink.end()
+
+    settings = {SettingCodes.INITIAL_WINDOW_SIZE: 0}
+    async with connection(streaming, auto_ack=False, settings=settings) as (peer, _, _, _):
+        sid = await peer.request()
+        await peer.until(lambda: peer.streams[sid].status == 200)
+        peer.conn.increment_flow_control_window(1000, stream_id=sid)
+        await peer.flush()
+        await peer.until(lambda: peer.streams[sid].body == b"token-1 ")  # without waiting for token 2
+        upstream_done.set()
+        await peer.until(lambda: peer.streams[sid].ended)
+        assert peer.streams[sid].body == b"token-1 token-2"
+
+
 async def test_past_the_send_buffer_bound_a_sender_waits(autojump_clock):
     finished = []
 
