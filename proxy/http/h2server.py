@@ -25,8 +25,9 @@ Bounds: one client, whatever it sends, gets a bounded share of CPU and memory
 (docs/security-h2.md; every number is a `[listen]` key or a constant here).
 - Frames are judged by their 9-byte header (`_Inbound`): longer than our
   SETTINGS_MAX_FRAME_SIZE is FRAME_SIZE_ERROR before a byte of the payload is kept,
-  and a header block (HEADERS + CONTINUATION) past 4 x max_header_bytes is
-  ENHANCE_YOUR_CALM. So the inbound buffer holds one read plus one frame at most.
+  and a header block (HEADERS + CONTINUATION) past 4 x max_header_bytes, or a
+  SETTINGS frame with more than 32 settings (nghttp2's limit), is ENHANCE_YOUR_CALM.
+  So the inbound buffer holds one read plus one frame at most.
 - Control frames spend the connection's `FloodBudget` (proxy/core/flood.py);
   streams the client resets before their answer spend its reset budget. An empty
   budget is GOAWAY(ENHANCE_YOUR_CALM), one rate-limited log line and a count in
@@ -98,12 +99,13 @@ CLOSE_GRACE_S = 1.0  # time to flush a final GOAWAY before closing
 DRAIN_IDLE_WAIT_MAX_S = 5.0  # drain: a busy connection may take min(this, drain_timeout_s / 4) to go idle
 DRAIN_RTT_MAX_S = 1.0  # two-step GOAWAY: the second one at the PING ACK, or after this long
 HEADER_LIST_HARD_FACTOR = 4
+MAX_SETTINGS_PER_FRAME = 32  # nghttp2's default: a SETTINGS frame is one control frame, not thousands
 MAX_STREAM_ID = 2**31 - 1
 _DRAIN_PING = b"rm-drain"
 _REFUSAL_SLACK = RECEIVE_SIZE // 9 + 1  # HEADERS frames h2 may have open that we have not seen yet
 
 # Frame types (RFC 9113 6) and the flags the budget looks at.
-_DATA, _HEADERS, _CONTINUATION = 0x0, 0x1, 0x9
+_DATA, _HEADERS, _SETTINGS, _CONTINUATION = 0x0, 0x1, 0x4, 0x9
 _END_STREAM, _END_HEADERS, _PADDED = 0x1, 0x4, 0x8
 
 _CONFIG = h2.config.H2Configuration(
@@ -180,6 +182,8 @@ class _Inbound(FrameBuffer):
                 self.block_bytes = 0
             self._control("CONTINUATION")
         else:  # PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, unknown
+            if kind == _SETTINGS and length > 6 * MAX_SETTINGS_PER_FRAME:
+                raise _Flood("control_frames", f"a SETTINGS frame with over {MAX_SETTINGS_PER_FRAME} settings")
             self._control("control frames")
         return super().__next__()
 

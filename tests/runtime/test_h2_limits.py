@@ -105,6 +105,15 @@ async def test_a_header_block_past_four_times_max_header_bytes_is_enhance_your_c
         await done.wait()
 
 
+async def test_a_settings_frame_with_thousands_of_settings_is_enhance_your_calm(autojump_clock):
+    async with connection(hello) as (peer, _, done, _):
+        entries = b"".join((0x1).to_bytes(2, "big") + (4096).to_bytes(4, "big") for _ in range(33))
+        many = len(entries).to_bytes(3, "big") + b"\x04\x00\x00\x00\x00\x00" + entries  # SETTINGS, 33 entries
+        code, _ = await goaway_after(peer, many)
+        assert code == ErrorCodes.ENHANCE_YOUR_CALM
+        await done.wait()
+
+
 # --- the control frame budget ---
 @pytest.mark.parametrize(
     "frame",
