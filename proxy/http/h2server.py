@@ -36,8 +36,11 @@ Bounds: one client, whatever it sends, gets a bounded share of CPU and memory
   the reader yields to every other ready task first. A read is only made once the
   buffered frames are handled, so one busy connection cannot hold the loop (the
   sidecar's own health checks of the pod run on it too).
-- Unread request bodies: at most h2_connection_window_bytes per connection (the
-  receive window we grant; bytes are acknowledged as the handler reads them).
+- Request bodies: unread, at most h2_connection_window_bytes per connection (the
+  receive window we grant; bytes are acknowledged as the handler reads them); read
+  or not, at most h2_body_bytes_per_connection for all open streams together (a
+  stream's content-length is reserved when it is accepted; one that would pass the
+  bound is refused with REFUSED_STREAM, which says it was not processed).
 - Output: past OUT_HIGH bytes queued for the socket the reader stops reading (a
   client that floods and never reads stops being read); a write that makes no
   progress for h2_send_timeout_s closes the connection. Response bytes waiting for
@@ -241,6 +244,7 @@ class H2Connection:
         self.body_timeout_s = limits.body_timeout_s
         self.send_timeout_s = limits.h2_send_timeout_s
         self.send_buffer_bytes = limits.h2_send_buffer_bytes
+        self.body_bytes = 0  # request-body bytes reserved or held by open streams (h2stream.H2Body)
         self.held_bytes = 0  # response bytes held for streams' flow-control windows (h2stream)
         self.holding: dict[int, H2Sink] = {}  # the streams holding some, oldest first
         self.writes = 0  # batches handed to the kernel: progress, for senders waiting on the client
@@ -419,14 +423,34 @@ class H2Connection:
         ) >= limits.max_concurrent_streams:
             self._refuse(sid)
             return
+        head = h2rules.parse_request(event.headers)
+        length = getattr(head, "content_length", None) or 0
+        if length and length <= limits.max_body_bytes and not self.body_room(length):
+            self.body_over(sid)
+            return
         self.budget.stream_opened()
         self._got_request = True
         self.requests += 1
-        head = h2rules.parse_request(event.headers)
         request, body, handler = build_request(self, sid, head, self._client)
+        if length and length <= limits.max_body_bytes:
+            body.reserve(length)
         stream = self.streams[sid] = H2Stream(self, sid, request, body, handler)
         assert self._nursery is not None
         self._nursery.start_soon(stream.run)
+
+    def body_room(self, size: int) -> bool:
+        """Whether the connection's open requests may hold `size` more body bytes."""
+        return self.body_bytes + size <= self.ctx.limits.h2_body_bytes_per_connection
+
+    def body_over(self, sid: int) -> None:
+        """A body would pass h2_body_bytes_per_connection: refuse its stream (safe to retry)."""
+        self.ctx.protocol_error("h2_connection_body_bytes", "request bodies at the connection's bound")
+        _events.event("body_bytes", "h2 request bodies from %s at the connection's bound; REFUSED_STREAM", self._client)
+        stream = self.streams.get(sid)
+        if stream is not None:
+            stream.request.client_gone = True
+            stream.scope.cancel()
+        self._refuse(sid)
 
     def _refuse(self, sid: int) -> None:
         try:

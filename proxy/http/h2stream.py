@@ -101,23 +101,44 @@ def build_request(
 
 
 class H2Body(BufferedBody):
-    __slots__ = ("_conn", "_sid", "request")
+    """A stream's body. What it may hold counts against the connection's h2_body_bytes_per_connection:
+    its content-length from the start (the connection reserves it when it accepts the stream),
+    or what has arrived when there is none."""
+
+    __slots__ = ("_conn", "_sid", "accounted", "request")
 
     def __init__(self, conn: H2Connection, sid: int, content_length: int | None, limit: int) -> None:
         super().__init__(content_length, limit)
         self._conn = conn
         self._sid = sid
         self.request: Request | None = None
+        self.accounted = 0  # bytes of the connection's body budget this body holds
+
+    def reserve(self, size: int) -> None:
+        self.accounted += size
+        self._conn.body_bytes += size
+
+    def feed(self, data: bytes, flow_len: int) -> bool:
+        beyond = self.received + len(data) - self.accounted
+        if beyond > 0:
+            if not self._conn.body_room(beyond):
+                self._conn.body_over(self._sid)
+                self.fail(ClientGone("the connection's request bodies are at their bound"))
+                return False
+            self.reserve(beyond)
+        return super().feed(data, flow_len)
 
     def _consumed(self, size: int, flow_len: int) -> None:
         self._conn.acknowledge(flow_len, self._sid)
 
     def release(self) -> None:
-        """Acknowledge what the handler never read (the stream is over)."""
+        """Acknowledge what the handler never read, and give the budget back (the stream is over)."""
         unread = sum(flow_len for _, flow_len in self._parts)
         self._parts.clear()
         if unread:
             self._conn.acknowledge(unread, self._sid)
+        self._conn.body_bytes -= self.accounted
+        self.accounted = 0
 
     async def chunks(self):
         # BufferedBody.chunks, with a bounded wait for bytes that have not come (`_wait`).

@@ -22,7 +22,7 @@ from proxy.policy import admission as _admission
 from proxy.policy import dedup as _dedup
 from proxy.policy import shedding as _shedding
 from proxy.policy import warmup as _warmup
-from proxy.policy.base import Section
+from proxy.policy.base import Section, cross_check
 
 # Ports as the OS takes them: 0-65535 (0: any free port, for listeners), without leading zeros.
 _PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}|0)"
@@ -108,6 +108,14 @@ class Listen(Section):
             description="HTTP/2 receive window per connection: the most request-body bytes one connection can have buffered and not yet read.",
         ),
     ] = 1_048_576
+    h2_body_bytes_per_connection: Annotated[
+        int,
+        Meta(
+            ge=65_536,
+            le=68_719_476_736,
+            description="HTTP/2 request-body bytes one connection's open requests may hold in all (each request up to max_body_bytes); a stream that would pass it is refused (REFUSED_STREAM: safe to retry). At least max_body_bytes.",
+        ),
+    ] = 33_554_432
     h2_send_buffer_bytes: Annotated[
         int,
         Meta(
@@ -144,6 +152,17 @@ class Listen(Section):
         float,
         Meta(ge=0, le=1_000_000_000, description="HTTP/2 early stream resets a connection earns per second."),
     ] = 33.0
+
+
+@cross_check
+def check_listen(policy) -> list[str]:
+    listen = policy.listen
+    if listen.h2_body_bytes_per_connection < listen.max_body_bytes:
+        return [
+            f"listen.h2_body_bytes_per_connection: must be at least listen.max_body_bytes ({listen.max_body_bytes}), "
+            f"got {listen.h2_body_bytes_per_connection}"
+        ]
+    return []
 
 
 class Admin(Section):

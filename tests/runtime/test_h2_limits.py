@@ -388,6 +388,39 @@ async def test_the_connection_window_bounds_unread_request_bodies(autojump_clock
         assert buffered == LIMITS.h2_connection_window_bytes
 
 
+async def test_request_bodies_of_a_connection_are_bounded_together(autojump_clock):
+    limits = msgspec.structs.replace(LIMITS, max_body_bytes=1_000_000, h2_body_bytes_per_connection=2_500_000)
+    gate = Gate()
+    async with connection(Router({b"/wait": gate, b"/": echo}), limits) as (peer, conn, done, _):
+        big = [(b"content-length", b"1000000")]
+        for _ in range(2):
+            await peer.request(b"/wait", method=b"POST", headers=big, end=False)
+        third = await peer.request(b"/wait", method=b"POST", headers=big, end=False)  # 3 MB > 2.5 MB
+        await peer.until(lambda: peer.streams[third].reset_code is not None)
+        assert peer.streams[third].reset_code == ErrorCodes.REFUSED_STREAM
+        assert conn.body_bytes == 2_000_000 and len(gate.requests) == 2
+        # A body with no content-length is counted as it arrives: past the bound, refused too.
+        streamed = await peer.request(method=b"POST", end=False)
+        await peer.send(streamed, b"x" * 16_384)
+        await trio.testing.wait_all_tasks_blocked()
+        assert conn.body_bytes == 2_000_000 + 16_384
+        while peer.streams[streamed].reset_code is None:  # within the windows, until refused
+            if peer.conn.local_flow_control_window(streamed) < 16_384:
+                await peer.receive()
+                continue
+            await peer.send(streamed, b"x" * 16_384)
+            await trio.testing.wait_all_tasks_blocked()
+            with trio.move_on_after(0.001):  # a RST_STREAM, if one came (before the body timeout)
+                await peer.receive()
+        assert peer.streams[streamed].reset_code == ErrorCodes.REFUSED_STREAM
+        gate.release.set()
+        await peer.until(lambda: not conn.streams)
+        assert conn.body_bytes == 0 and not done.is_set()
+        again = await peer.request(b"/wait", method=b"POST", headers=big, end=False)  # room again
+        await peer.until(lambda: peer.streams[again].status != 0 or peer.streams[again].reset_code is not None)
+        assert peer.streams[again].status == 200  # accepted, and (the gate is open) answered
+
+
 async def test_a_client_that_stops_reading_is_not_read_and_is_closed_after_the_send_timeout(autojump_clock):
     limits = Listen(
         header_timeout_s=100, h2_send_timeout_s=11.0, h2_control_frame_burst=10**9, h2_control_frames_per_s=10**9

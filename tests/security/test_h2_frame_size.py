@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 
+import h2.exceptions
 import pytest
 
 from tests.security.h2attack import (
@@ -87,4 +88,57 @@ def test_oversized_frames_and_header_blocks_are_refused_from_their_headers(attac
         report.check(min_success=0.95, max_p99_s=1.0, max_rss_mib=256)
         # 20 connections: each may hold at most its bounded buffers (a few MiB), never a whole frame.
         assert report.peak_rss_bytes - baseline < 64 * 2**20, (baseline, report.peak_rss_bytes)
+        assert_clean_log(stack.sidecar)
+
+
+BODY_STREAMS = 20
+BODY_BYTES = 4 * 2**20 - 1  # each within max_body_bytes; 20 of them: 80 MiB
+BODY_POLICY = """
+[listen]
+max_body_bytes = 4194304
+h2_body_bytes_per_connection = 8388608
+"""
+
+
+def _push(conn: RawH2, sid: int, size: int, deadline: float) -> int:
+    """Send up to `size` body bytes on `sid` as fast as the windows allow; what was sent."""
+    sent, step = 0, conn.h2.max_outbound_frame_size
+    try:
+        while sent < size and time.monotonic() < deadline:
+            window = min(conn.h2.local_flow_control_window(sid), size - sent)
+            if window <= 0:
+                conn.events_until(lambda events: bool(events), 1.0)  # WINDOW_UPDATEs, or a reset
+                continue
+            for offset in range(0, window, step):
+                conn.h2.send_data(sid, b"b" * min(step, window - offset))
+            conn.send(conn.h2.data_to_send())
+            sent += window
+    except h2.exceptions.StreamClosedError:
+        pass  # refused (REFUSED_STREAM) or reset
+    return sent
+
+
+def test_request_bodies_held_by_one_connection_are_bounded(tmp_path):
+    """Bodies that never end, on one connection, each within max_body_bytes: what they may hold in all."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(BODY_POLICY)
+    with attacked_stack(policy=str(policy)) as stack:
+        baseline = rss_bytes(stack.pid)
+        with Bystander(stack, rate=20, http2=True) as bystander, RawH2(stack) as conn:
+            extra = [(b"content-type", b"application/json"), (b"content-length", b"%d" % (BODY_BYTES + 1))]
+            sids, blob = [], b""
+            for _ in range(BODY_STREAMS):
+                sid, head = conn.head(extra=extra)
+                sids.append(sid)
+                blob += head
+            conn.send(blob)
+            conn.events_until(lambda events: False, 0.5)  # the refusals, if any
+            deadline = time.monotonic() + 10
+            sent = [_push(conn, sid, BODY_BYTES, deadline) for sid in sids]  # all but the last byte
+            time.sleep(0.5)  # a last RSS sample with every body held
+        report = bystander.report()
+        report.check(min_success=0.95, max_p99_s=1.0, max_rss_mib=256)
+        # h2_body_bytes_per_connection (8 MiB): two such bodies are accepted, the rest refused.
+        assert sum(1 for s in sent if s == BODY_BYTES) == 2, sent
+        assert report.peak_rss_bytes - baseline < 48 * 2**20, (baseline, report.peak_rss_bytes)
         assert_clean_log(stack.sidecar)
