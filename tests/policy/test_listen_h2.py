@@ -16,7 +16,7 @@ def errors_of(text: str) -> list[str]:
 
 def test_the_body_bound_of_a_connection_holds_at_least_one_body():
     (error,) = errors_of("[listen]\nmax_body_bytes = 2000000\nh2_body_bytes_per_connection = 1000000\n")
-    assert error.startswith("listen.h2_body_bytes_per_connection: must be at least listen.max_body_bytes"), error
+    assert "listen.h2_body_bytes_per_connection: must be at least listen.max_body_bytes" in error, error
     assert parse_policy("[listen]\nmax_body_bytes = 1000000\nh2_body_bytes_per_connection = 1000000\n")
 
 
