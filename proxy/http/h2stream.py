@@ -357,15 +357,17 @@ class H2Sink:
     async def _wait(self, done) -> None:
         """Until `done()`, as the client makes room; reset CANCEL once nothing moved for the send timeout.
 
-        Progress is this stream's held bytes moving or the connection's writer handing
-        bytes to the kernel (a slow reader behind a long queue is still reading)."""
+        Progress is this stream's held bytes moving; with none held (waiting for the
+        connection's room), the writer handing bytes to the kernel (a slow reader behind a
+        long queue is still reading). Other streams' writes are no progress for a stream
+        whose own window stays shut."""
         conn = self._conn
         deadline = trio.current_time() + conn.send_timeout_s
         while not done():
-            before = (self._held_bytes, conn.writes)
+            before = self._progress()
             with trio.move_on_at(deadline) as waited:
                 await conn.wait_send()
-            if self.pump() or (self._held_bytes, conn.writes) != before:
+            if self.pump() or self._progress() != before:
                 deadline = trio.current_time() + conn.send_timeout_s
             elif waited.cancelled_caught and not done():
                 conn.timed_out("stream_send", f"client took nothing for {conn.send_timeout_s:g}s; RST_STREAM CANCEL")
@@ -373,6 +375,9 @@ class H2Sink:
                 self._stream.reset(ErrorCodes.CANCEL)
                 conn.ctx.client_gone(self._stream.request)
                 raise ClientGone("client took no response bytes within the send timeout")
+
+    def _progress(self) -> tuple[str, int]:
+        return ("held", self._held_bytes) if self._held else ("writes", self._conn.writes)
 
     def _h2_call(self, fn, *args, **kwargs):
         """Call h2; a stream or connection that is gone becomes ClientGone."""

@@ -319,6 +319,26 @@ async def test_a_zero_window_response_lets_the_handler_finish_then_is_reset_afte
         assert counted(metrics, "h2_timeouts") == {"stream_send": 1}
 
 
+async def test_other_streams_writes_do_not_keep_a_zero_window_stream_alive(autojump_clock):
+    async def later(request, sink) -> None:
+        await trio.sleep(5)
+        await sink.respond(200, [], b"late")
+
+    settings = {SettingCodes.INITIAL_WINDOW_SIZE: 0}
+    async with connection(Router({b"/now": blob(10), b"/later": later}), auto_ack=False, settings=settings) as (
+        peer,
+        _,
+        _,
+        _,
+    ):
+        sent = trio.current_time()
+        now, late = await peer.request(b"/now"), await peer.request(b"/later")
+        await peer.until(lambda: peer.streams[now].reset_code is not None)
+        assert trio.current_time() - sent == pytest.approx(LIMITS.h2_send_timeout_s)  # not 5 s later
+        await peer.until(lambda: peer.streams[late].reset_code is not None)
+        assert trio.current_time() - sent == pytest.approx(5 + LIMITS.h2_send_timeout_s)
+
+
 async def test_held_bytes_flow_as_the_window_opens(autojump_clock):
     settings = {SettingCodes.INITIAL_WINDOW_SIZE: 0}
     async with connection(blob(40_000), auto_ack=False, settings=settings) as (peer, conn, _, _):
