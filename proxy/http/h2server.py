@@ -75,8 +75,6 @@ Where we step around h2, and why:
 
 from __future__ import annotations
 
-import logging
-
 import h2.config
 import h2.connection
 import h2.events
@@ -92,7 +90,6 @@ from proxy.errors import ClientGone
 from proxy.http import h2rules, hpack_memo, sockio
 from proxy.http.exchange import ServerContext
 from proxy.http.h2stream import H2Sink, H2Stream, build_request
-from proxy.http.ratelog import RateLimitedLog
 
 RECEIVE_SIZE = 65_536
 STREAM_WINDOW = 262_144  # per-stream receive window: the most one stream's body buffer holds
@@ -119,10 +116,6 @@ _CONFIG = h2.config.H2Configuration(
     validate_outbound_headers=False,  # our own headers: lower-case bytes, hop-by-hop stripped
     normalize_outbound_headers=False,
 )
-
-log = logging.getLogger("rampmeter.h2")
-# Kinds are fixed names from this module; a client controls the rate, never the kind.
-_events = RateLimitedLog(log, per_s=1.0, burst=5)
 
 
 class _Flood(h2.exceptions.DenialOfServiceError):
@@ -444,8 +437,7 @@ class H2Connection:
 
     def body_over(self, sid: int) -> None:
         """A body would pass h2_body_bytes_per_connection: refuse its stream (safe to retry)."""
-        self.ctx.protocol_error("h2_connection_body_bytes", "request bodies at the connection's bound")
-        _events.event("body_bytes", "h2 request bodies from %s at the connection's bound; REFUSED_STREAM", self._client)
+        self.ctx.protocol_error("h2_connection_body_bytes", "request bodies at the connection's bound; REFUSED_STREAM")
         stream = self.streams.get(sid)
         if stream is not None:
             stream.request.client_gone = True
@@ -496,14 +488,14 @@ class H2Connection:
         metrics = self.ctx.metrics
         if metrics is not None:
             metrics.h2_floods.labels(kind=kind).inc()
-        _events.event(f"flood_{kind}", "h2 flood from %s: %s; GOAWAY ENHANCE_YOUR_CALM", self._client, what)
+        self.ctx.events.event(f"flood_{kind}", "h2 flood from %s: %s; GOAWAY ENHANCE_YOUR_CALM", self._client, what)
 
     def timed_out(self, kind: str, what: str) -> None:
         """A stream or the connection stalled past its timeout: one count, one rate-limited line."""
         metrics = self.ctx.metrics
         if metrics is not None:
             metrics.h2_timeouts.labels(kind=kind).inc()
-        _events.event(f"timeout_{kind}", "h2 %s timeout from %s: %s", kind, self._client, what)
+        self.ctx.events.event(f"timeout_{kind}", "h2 %s timeout from %s: %s", kind, self._client, what)
 
     def _stop(self, reason: str) -> None:
         self._stop_reason = reason
