@@ -242,6 +242,7 @@ class H2Connection:
         self.holding: dict[int, H2Sink] = {}  # the streams holding some, oldest first
         self.writes = 0  # batches handed to the kernel: progress, for senders waiting on the client
         self.streams: dict[int, H2Stream] = {}
+        self._opened: list[H2Stream] = []  # accepted in the read being handled, not yet started
         self.requests = 0
         self._stream = stream
         self._io = sockio.wrap(stream)
@@ -367,6 +368,8 @@ class H2Connection:
                     return False
                 self._dispatch(events)
                 self.kick()
+                if self._opened and not inbound.ready():
+                    self._start_opened()
                 if inbound.ready():
                     # The turn ended with frames left: every other ready task runs first.
                     await trio.lowlevel.checkpoint()
@@ -428,8 +431,7 @@ class H2Connection:
         if length and length <= limits.max_body_bytes:
             body.reserve(length)
         stream = self.streams[sid] = H2Stream(self, sid, request, body, handler)
-        assert self._nursery is not None
-        self._nursery.start_soon(stream.run)
+        self._opened.append(stream)  # started once the read that opened it is handled (_start_opened)
 
     def body_room(self, size: int) -> bool:
         """Whether the connection's open requests may hold `size` more body bytes."""
@@ -443,6 +445,14 @@ class H2Connection:
             stream.request.client_gone = True
             stream.scope.cancel()
         self._refuse(sid)
+
+    def _start_opened(self) -> None:
+        """Start the streams this read opened. Not before: a stream the client resets within the same
+        read (a rapid reset, however the turns split it) never starts a handler, so never an upstream."""
+        assert self._nursery is not None
+        for stream in self._opened:
+            self._nursery.start_soon(stream.run)  # run() ends at once for a stream already reset
+        self._opened.clear()
 
     def _refuse(self, sid: int) -> None:
         try:
