@@ -368,8 +368,8 @@ class H2Connection:
                     return False
                 self._dispatch(events)
                 self.kick()
-                if self._opened and not inbound.ready():
-                    self._start_opened()
+                if self._opened and not inbound.ready() and not self._stop_reason:
+                    self._start_opened()  # (a connection closing starts none: they are abandoned)
                 if inbound.ready():
                     # The turn ended with frames left: every other ready task runs first.
                     await trio.lowlevel.checkpoint()
@@ -450,9 +450,12 @@ class H2Connection:
         """Start the streams this read opened. Not before: a stream the client resets within the same
         read (a rapid reset, however the turns split it) never starts a handler, so never an upstream."""
         assert self._nursery is not None
-        for stream in self._opened:
-            self._nursery.start_soon(stream.run)  # run() ends at once for a stream already reset
-        self._opened.clear()
+        opened, self._opened = self._opened, []
+        for stream in opened:
+            if stream.request.client_gone:
+                stream.skip()
+            else:
+                self._nursery.start_soon(stream.run)
 
     def _refuse(self, sid: int) -> None:
         try:

@@ -410,13 +410,16 @@ class H2Stream:
         """The whole response was handed to h2 (a reset after this is no early reset)."""
         return self.sink.finished and not self.sink.holding
 
+    def skip(self) -> None:
+        """Reset by the client in the read that opened it: no task, no handler, no upstream request."""
+        self.conn.ctx.request_done("h2", CLIENT_CLOSED, 0.0)
+        self.sink.drop_held()
+        self.body.release()
+        self.conn.stream_done(self)
+
     async def run(self) -> None:
         ctx = self.conn.ctx
         try:
-            if self.request.client_gone:
-                # Reset by the client in the same read that opened it: no handler, no upstream request.
-                ctx.request_done("h2", CLIENT_CLOSED, 0.0)
-                return
             await run_exchange(ctx, "h2", self.handler, self.request, self.sink, self.scope)
             if not self.request.client_gone:
                 await self.sink.deliver()
