@@ -95,6 +95,18 @@ SPECS: list[Spec] = [
     Spec("connections_rejected_total", Counter, "Client connections refused at accept (max_connections)."),
     Spec("protocol_errors_total", Counter, "Malformed requests and HTTP/2 protocol errors, by kind.", ("kind",)),
     Spec(
+        "h2_floods_total",
+        Counter,
+        "HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM, by kind (control_frames, header_block, rapid_reset).",
+        ("kind",),
+    ),
+    Spec(
+        "h2_timeouts_total",
+        Counter,
+        "HTTP/2 streams reset or connections closed for stalling, by kind (body: request body; stream_send: window never opened; send: socket not read).",
+        ("kind",),
+    ),
+    Spec(
         "upstream_requests_total",
         Counter,
         "Requests sent upstream, by upstream (address) and outcome.",

@@ -219,12 +219,22 @@ class RequestPath:
         ]
         upstream = slot.upstream
         timeout_s = app.policy.upstreams[upstream].timeout_s
+
+        # The slot is released when the upstream's part is over, before the last write to the client
+        # (a deadline the pool ended it at is a censored cut, as the scope's cancellation would be).
+        def release(r: relay.Forwarded) -> None:
+            if r.reason is wire.Reason.DEADLINE_EXPIRED:
+                slot.cut()
+            else:
+                slot.done(r.outcome, r.service_ms, r.observed)
+
         try:
             result = await relay.forward(
-                app.pool, upstream, timeout_s, request, body, sink, extra, ticket.deadline, scoped=scoped
+                app.pool, upstream, timeout_s, request, body, sink, extra, ticket.deadline, release, scoped=scoped
             )
         except (UpstreamTimeout, trio.TooSlowError) as exc:  # unscoped only: the deadline passed mid-stream
-            slot.cut()
+            if not slot.released:
+                slot.cut()
             _events.event(
                 "deadline_mid_response",
                 "deadline passed while streaming the response to %s for %r; cut",
@@ -233,10 +243,8 @@ class RequestPath:
             )
             raise ResponseAborted("deadline passed while the response was streaming") from exc
         if result.reason is wire.Reason.DEADLINE_EXPIRED:  # unscoped only: as the scope's cancellation would be
-            slot.cut()
             self._count_rejection(ticket.klass, result.reason)
             return None
-        slot.done(result.outcome, result.service_ms, result.observed)
         app.lifecycles.report_result(upstream, result.outcome not in _FAILED)
         if result.cut:
             raise ResponseCut("the upstream failed mid-response")  # relay logged it

@@ -84,6 +84,10 @@ class Slot:
         self._done = True
         self._scheduler._release(self.lease, outcome, rtt_ms, observed)
 
+    @property
+    def released(self) -> bool:
+        return self._done
+
     def cut(self) -> None:
         """End a forwarded lease that was cut (deadline, client gone): CANCELLED with the time since
         admission, a censored sample, as leaving the `async with` on trio.Cancelled gives."""

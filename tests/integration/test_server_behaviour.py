@@ -17,6 +17,7 @@ import trio
 import trio.testing
 from h2.errors import ErrorCodes
 
+from proxy.http.h2server import MAX_STREAM_ID
 from proxy.http.server import PREFACE, Server
 from proxy.policy.schema import Listen
 from proxy.runtime.metrics import Metrics
@@ -130,7 +131,9 @@ async def test_drain_finishes_in_flight_refuses_new_and_tells_clients():
     h1_gate, h2_gate = Gate(), Gate()
     metrics = Metrics()
     with trio.fail_after(30):
-        async with serving(Router({b"/h1": h1_gate, b"/h2": h2_gate}), metrics=metrics) as (
+        # drain_timeout_s 4: a busy h2 connection gets its two-step GOAWAY after 1 s of waiting to go idle.
+        limits = Listen(drain_timeout_s=4.0)
+        async with serving(Router({b"/h1": h1_gate, b"/h2": h2_gate}), limits, metrics=metrics) as (
             server,
             address,
         ):
@@ -146,8 +149,9 @@ async def test_drain_finishes_in_flight_refuses_new_and_tells_clients():
             await h2_gate.arrived.wait()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(server.shutdown, 20.0)
-                await h2.until(lambda: h2.goaway is not None)
-                assert h2.goaway == (ErrorCodes.NO_ERROR, sid)
+                # Still busy after drain_idle_wait_s: the two-step GOAWAY (2^31-1, then the real last stream).
+                await h2.until(lambda: len(h2.goaways) == 2)
+                assert h2.goaways == [(ErrorCodes.NO_ERROR, MAX_STREAM_ID), (ErrorCodes.NO_ERROR, sid)]
                 assert await read_to_eof(idle_h1) == b""  # idle keep-alive closed
                 with pytest.raises(OSError):
                     await connect(address)  # listener closed: refused
