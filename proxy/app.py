@@ -45,6 +45,7 @@ from proxy.http.server import Server
 from proxy.policy import shedding as shedding_policy
 from proxy.policy.schema import Listen, Policy
 from proxy.runtime.admin import AdminHandler
+from proxy.runtime.batcher import Batcher
 from proxy.runtime.dedup import Dedup, build_store
 from proxy.runtime.gpu import GpuSampler
 from proxy.runtime.metrics import Metrics
@@ -138,6 +139,7 @@ class App:
         self.lifecycles = UpstreamLifecycles(policy, metrics=metrics)
         self.gpu = GpuSampler(policy.gpu, metrics=metrics, nvml=nvml)
         self.upstream_metrics = UpstreamMetricsReader(policy, metrics=metrics)
+        self.batcher = Batcher(policy, metrics)
         self.request_path = RequestPath(self)
         self.data_server = Server(self.request_path, policy.listen, metrics=metrics, name="data")
         self.admin_server = Server(
@@ -178,6 +180,7 @@ class App:
             await nursery.start(self.lifecycles.run)
             await nursery.start(self.gpu.run)
             await nursery.start(self.upstream_metrics.run)
+            await nursery.start(self.batcher.run)
             nursery.start_soon(self._signals)
             data = await _listen(nursery, self.data_server, data_address)
             admin = await _listen(nursery, self.admin_server, admin_address)
@@ -242,6 +245,7 @@ class App:
             self.observatory.configure(policy.latency)  # new windows, samples start over
         self._build_gate(policy)
         self.dedup.policy = policy.dedup
+        self.batcher.configure(policy)
         self.lifecycles.update_policy(policy)
         self.metrics.policy_version.set(version.version)
 
@@ -264,6 +268,7 @@ class App:
             "gpu_memory_pressure": self.gate.gpu_memory_fraction,
             "latency": self.observatory.statistics(now),
             "dedup": self.dedup.statistics(),
+            "batching": self.batcher.statistics(),
             "readiness": self.lifecycles.statistics(),
             "gpu": self.gpu.statistics(),
             "upstream_metrics": self.upstream_metrics.statistics(),

@@ -41,7 +41,6 @@ from proxy.core.served_paths import ServedPaths
 from proxy.errors import ResponseCut
 from proxy.http.messages import Request, ResponseSink
 from proxy.http.ratelog import RateLimitedLog
-from proxy.runtime import relay
 from proxy.runtime.classify import classify
 from proxy.runtime.dedup import Follower, Leader, Replay
 from proxy.runtime.sinks import RecordingSink, TeeSink, play
@@ -186,7 +185,8 @@ class RequestPath:
         ]
         upstream = slot.upstream
         timeout_s = app.policy.upstreams[upstream].timeout_s
-        result = await relay.forward(app.pool, upstream, timeout_s, request, body, sink, extra, ticket.deadline)
+        # The batcher forwards it alone (relay.forward) unless its route batches (proxy/runtime/batcher.py).
+        result = await app.batcher.forward(app.pool, upstream, timeout_s, request, body, sink, extra, ticket)
         slot.done(result.outcome, result.service_ms, result.observed)
         app.lifecycles.report_result(upstream, result.outcome not in _FAILED)
         if result.cut:
