@@ -21,16 +21,23 @@ and returns the `Batch`es to send now (decisions as values); the trio driver
   otherwise it leaves alone, at once. Due groups go ahead of the others.
 - Sending: due groups leave while fewer than `max_concurrent` batches of the lane
   are in flight, the most urgent (earliest latest departure) first, then the
-  oldest. A due group that must wait for a free call keeps taking members up to
+  shortest expected call, aged by one ms per ms its oldest member has waited (so
+  a batch of short inputs need not wait behind a long one, and a long one waits
+  at most about the difference of their calls). A due group that must wait for a free call keeps taking members up to
   its bounds: the wait happens anyway, and a busy upstream so gets larger calls.
 - Adaptive (`Bounds.adaptive`): `LatencyCurve` fits rtt_ms = a + b * tokens to
   the lane's calls (decayed least squares, held near the route's service-time
   prior until samples outweigh it). Throughput per unit of latency, tokens /
   rtt^2, peaks at tokens = a / b: the knee, where the per-call overhead equals
-  the per-token work. A group is due by size at the knee (the bounds stay caps)
-  and its window is the expected time for arrivals to fill it to the knee,
-  at most `max_wait_s`, and zero when fewer than one more arrival is expected in
-  `max_wait_s` (waiting would buy nothing).
+  the per-token work. The target size is the knee, or, when fewer members are
+  expected to arrive during one call of the batch (arrival rate x expected
+  rtt), that many: waiting pays while the members it gains outnumber those
+  already waiting, and past that point newcomers are served as well by the next
+  call. A group is due by size at the target (the bounds stay caps), or by time
+  when the members it misses have not come by the time the arrival rate says
+  they should have (counted from the latest member), and at the latest when its
+  oldest member has waited `max_wait_s`; at low load (less than one arrival per
+  call) a request leaves at once.
 - Leaving: `leave(member_id)` takes a member whose client left out of a group
   not yet sent (an empty group disappears); once sent, the runtime discards its
   share.
@@ -208,6 +215,9 @@ class _Group:
     def oldest(self) -> float:
         return min(m.arrived_at for m in self.members.values())
 
+    def newest(self) -> float:
+        return max(m.arrived_at for m in self.members.values())
+
 
 class BatchFormer:
     """Batch formation for one lane; see the module doc."""
@@ -287,25 +297,28 @@ class BatchFormer:
             return -math.inf, "size"
         if g.tokens >= b.max_tokens:
             return -math.inf, "tokens"
-        if b.adaptive and g.tokens >= self._knee():
+        if b.adaptive and g.items >= self._target_items(g, now):
             return -math.inf, "size"
         latest = min((self._latest_departure(m, g.tokens) for m in g.members.values()), default=math.inf)
         if g.urgent:
             return min(latest, now), "deadline"
-        window_end = g.oldest() + self._window_s(g, now)
+        window_end = g.oldest() + b.max_wait_s
+        if b.adaptive:  # the expected time the missing members arrive by, counted from the latest one
+            rate = self._rate(g.bucket).rate(now)  # items per second
+            missing = self._target_items(g, now) - g.items
+            filled = g.newest() + missing / rate if rate > 0 else -math.inf
+            window_end = min(window_end, filled)
         return (latest, "deadline") if latest < window_end else (window_end, "time")
 
-    def _window_s(self, g: _Group, now: float) -> float:
+    def _target_items(self, g: _Group, now: float) -> float:
+        """Adaptive size: the knee, or fewer when fewer arrive during one call of this batch."""
         b = self.bounds
-        if not b.adaptive:
-            return b.max_wait_s
-        rate = self._rate(g.bucket).rate(now)  # items per second
-        if rate * b.max_wait_s < 1.0:
-            return 0.0  # not even one more member expected within the window: waiting buys nothing
         per_item = g.tokens / max(1, g.items)
-        missing = (min(self._knee(), b.max_tokens) - g.tokens) / max(per_item, 1e-9)
-        missing = min(missing, b.max_items - g.items)
-        return min(b.max_wait_s, max(0.0, missing) / rate)
+        knee_items = min(self._knee(), b.max_tokens) / max(per_item, 1e-9)
+        # Waiting pays while more members are expected during the call than are already here: past that,
+        # newcomers are better served by the next call, which they would reach in time anyway.
+        balance = self._rate(g.bucket).rate(now) * self.curve.expected_ms(g.tokens) / 1000.0
+        return max(1.0, min(float(b.max_items), knee_items, balance))
 
     def _knee(self) -> float:
         return max(1.0, self.curve.knee_tokens())
@@ -336,7 +349,10 @@ class BatchFormer:
                 at, why = self._due(g, now)
                 if at > now:
                     continue
-                rank = (0 if why == "deadline" else 1, at if why == "deadline" else g.oldest())
+                if why == "deadline":
+                    rank = (0, at)
+                else:  # shortest call first, aged one ms per ms its oldest member has waited
+                    rank = (1, self.curve.expected_ms(g.tokens) / 1000.0 - (now - g.oldest()))
                 if best_rank is None or rank < best_rank:
                     best, best_rank, reason = g, rank, why
             if best is None:
