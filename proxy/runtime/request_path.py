@@ -7,7 +7,8 @@ reads like the path itself:
     -> classify (class, cost, tenant, one absolute deadline)
     -> dedup claim (leader / follower / replay) -> readiness -> shed check and
     admission queue (SJF with aging), waiting for a slot under the deadline ->
-    forward upstream with the remaining budget -> stream the response back ->
+    forward upstream with the remaining budget (alone, or merged with others by
+    the batcher on a batchable route) -> stream the response back ->
     record latency, resolve dedup, release the slot exactly once
 
 Each step is a call into the module that owns it; this file only sequences them
