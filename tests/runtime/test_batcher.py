@@ -360,3 +360,32 @@ async def test_a_reload_takes_new_bounds_and_removing_the_route_stops_batching(a
         body = embed("b")
         assert (await s.call(body).answer())[0] == 200
         assert s.pool.bodies[-1] == body  # forwarded as it came
+
+
+async def rerank_server(request: Request, sink: ResponseSink) -> None:
+    """A rerank server: one query, scores by document length, results best first, top_n honoured."""
+    doc = json.loads(await request.body.read_all())
+    ranked = sorted(range(len(doc["documents"])), key=lambda i: (-len(doc["documents"][i]), i))
+    if doc.get("top_n") is not None:
+        ranked = ranked[: doc["top_n"]]
+    results = [{"index": i, "relevance_score": len(doc["documents"][i]) / 100} for i in ranked]
+    body = json.dumps({"model": "r", "results": results}).encode()
+    await sink.respond(200, [(b"content-type", b"application/json")], body)
+
+
+async def test_rerank_requests_with_one_query_share_a_call_and_keep_their_own_top_n(autojump_clock):
+    pol = policy()
+    data = msgspec.to_builtins(pol)
+    data["batching"]["routes"] = [{"path": "/v1/rerank", "kind": "rerank", "max_wait_ms": 5.0}]
+    async with stack(policy_from_builtins(data, "test"), handler=rerank_server) as s:
+        bodies = [
+            json.dumps({"model": "r", "query": "q", "documents": ["a", "bbb"], "top_n": 1}).encode(),
+            json.dumps({"model": "r", "query": "q", "documents": ["cc", "d", "eeee"]}).encode(),
+            json.dumps({"model": "r", "query": "other", "documents": ["x"]}).encode(),
+        ]
+        pipes = [s.call(b, path="/v1/rerank") for b in bodies]
+        answers = [json.loads((await p.answer())[1]) for p in pipes]
+        assert len(s.pool.bodies) == 2  # the two "q" requests merged; "other" alone
+        assert answers[0]["results"] == [{"index": 1, "relevance_score": 0.03}]
+        assert [r["index"] for r in answers[1]["results"]] == [2, 0, 1]
+        assert answers[2]["results"] == [{"index": 0, "relevance_score": 0.01}]
