@@ -10,8 +10,8 @@ all of them alike:
 - rampmeter: `python -m proxy serve` (BENCH_POLICY: admission never queues) in
   front of nginx's HTTP/1.1 port, the sidecar's usual upstream protocol;
 - haproxy: HAProxy, 1 thread, `mode http`, `proto h2` on its h2c bind, same upstream;
-- wire (opt-in): the wire layer alone (proxy/http server, pool and a plain relay,
-  no admission), to split rampmeter's cost between the wire and the request path.
+- wire: the wire layer alone (proxy/http server, pool and a plain relay, no
+  admission), to split rampmeter's cost between the wire and the request path.
 Proxies are pinned to --proxy-cpu (`taskset`); h2load and nginx share
 --client-cpu. For each protocol (h2load `--h1 -c10 -m1`; h2c `-c10 -m10`) each
 configuration runs at fixed rates of 500, 1000 and 2000 req/s and unthrottled.
@@ -22,7 +22,8 @@ from h2load's `--log-file` (per-request times; the first WARMUP_S of a run left
 out); "added" is a proxy's figure minus direct's in the same repeat, and every
 figure is the median over repeats (min and max in result.json). Each proxy's CPU
 time per request comes from /proc/PID/stat, the figure that survives a noisy
-shared machine; the load average before and after, and how busy the proxy's core
+shared machine, and is also given as a ratio to HAProxy's in the same cell
+("x HAProxy"); the load average before and after, and how busy the proxy's core
 was with other work (/proc/stat), say how quiet the machine was.
 
 Caveat: h2load's --rps is closed-loop within a client (HTTP/1.1: one request at a
@@ -42,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 from bench.common import (
@@ -139,8 +141,11 @@ def _listening(port: int) -> bool:
         return False
 
 
-def serve_wire(address: str, upstream_url: str) -> None:
-    """The `wire` configuration: server, pool and a plain relay, no admission (run in a child)."""
+def serve_wire(address: str, upstream_url: str, reuse_port: bool = False) -> None:
+    """The `wire` configuration: server, pool and a plain relay, no admission (run in a child).
+
+    `reuse_port`: bind with SO_REUSEPORT (bench/workers.py runs several of these on one port).
+    """
     import trio
 
     from proxy.http import forward
@@ -163,7 +168,8 @@ def serve_wire(address: str, upstream_url: str) -> None:
                     await sink.respond(resp.status, out, await resp.read())  # nginx's answer is small
 
             async with trio.open_nursery() as nursery:
-                print_ready({"data": await nursery.start(Server(relay, metrics=metrics).serve, address)})
+                serve = partial(Server(relay, metrics=metrics).serve, reuse_port=reuse_port)
+                print_ready({"data": await nursery.start(serve, address)})
 
     trio.run(main)
 
@@ -236,12 +242,19 @@ def summarise(raw: dict) -> dict:
     for protocol, by_rate in raw.items():
         for rate, by_config in by_rate.items():
             direct = by_config.get("direct")
+            haproxy = by_config.get("haproxy")
             for config, runs in by_config.items():
                 if direct is not None and config != "direct":
                     for run, base in zip(runs, direct, strict=True):
                         run["added_p50_ms"] = run["p50_ms"] - base["p50_ms"]
                         run["added_p99_ms"] = run["p99_ms"] - base["p99_ms"]
+                if haproxy is not None and config not in ("direct", "haproxy"):
+                    for run, ref in zip(runs, haproxy, strict=True):
+                        if ref.get("cpu_us_per_request"):
+                            run["cpu_x_haproxy"] = run["cpu_us_per_request"] / ref["cpu_us_per_request"]
                 cell = {k: spread([r[k] for r in runs]) for k in FIGURES if runs and k in runs[0]}
+                if runs and "cpu_x_haproxy" in runs[0]:
+                    cell["cpu_x_haproxy"] = spread([r["cpu_x_haproxy"] for r in runs])
                 cell["proxy_core_busy_by_others"] = spread([r["proxy_core_busy_by_others"] for r in runs])
                 out.setdefault(protocol, {}).setdefault(rate, {})[config] = cell
     return out
@@ -259,7 +272,8 @@ def markdown(summary: dict, args, load: dict) -> str:
     )
     legend = (
         "Medians over repeats. Added = proxy minus direct at the same offered rate, ms. CPU = the proxy's "
-        "CPU time per request, us. `max` = unthrottled."
+        "CPU time per request, us; x HAProxy = that over HAProxy's CPU per request in the same cell. "
+        "`max` = unthrottled."
     )
     lines = [
         f"# bench.overhead ({'quick' if args.quick else 'full'})",
@@ -272,11 +286,13 @@ def markdown(summary: dict, args, load: dict) -> str:
         "",
     ]
     for protocol, by_rate in summary.items():
-        header = "| rate | config | achieved req/s | p50 ms | p99 ms | added p50 | added p99 | CPU us/req |"
-        lines += [f"## {protocol}", "", header, "|---|---|---:|---:|---:|---:|---:|---:|"]
+        header = "| rate | config | achieved req/s | p50 ms | p99 ms | added p50 | added p99 | CPU us/req | x HAProxy |"
+        lines += [f"## {protocol}", "", header, "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
         for rate, by_config in by_rate.items():
             for config, cell in by_config.items():
                 values = [_fmt(cell.get(k)) for k in FIGURES[:-1]]
+                ratio = cell.get("cpu_x_haproxy")
+                values.append(f"{ratio['median']:.1f}" if ratio else "-")
                 lines.append(f"| {rate} | {config} | " + " | ".join(values) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -359,8 +375,8 @@ def start_proxies(configs: list[str], nginx: Nginx, args, stack: contextlib.Exit
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--serve-wire":
-        serve_wire(sys.argv[2], sys.argv[3])
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "--serve-wire":
+        serve_wire(sys.argv[2], sys.argv[3], reuse_port=sys.argv[4:] == ["--reuse-port"])
         return
 
     def add(p) -> None:
@@ -369,7 +385,9 @@ def main() -> None:
         p.add_argument("--seconds", type=float, default=None, help="per run (default 6, quick 2)")
         p.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 3, quick 1)")
         p.add_argument(
-            "--configs", default="direct,rampmeter,haproxy", help="comma-separated, from direct,rampmeter,haproxy,wire"
+            "--configs",
+            default="direct,rampmeter,haproxy,wire",
+            help="comma-separated, from direct,rampmeter,haproxy,wire",
         )
         p.add_argument("--policy", help="rampmeter policy file (default: BENCH_POLICY, admission never queues)")
 

@@ -11,17 +11,22 @@ proxy/loadtest/scheduling.py).
    stays efficient, yet a queue can form in the sidecar, where the order is
    decided). `--limit N` forces one.
 2. One seeded open-loop Poisson trace per load level (0.7, 0.9, 1.1 x capacity;
-   --quick: 0.9 only, shorter steps), replayed at four targets interleaved step
+   --quick: 1.1 only, shorter steps), replayed at four targets interleaved step
    by step: direct (the pod's own FCFS queue), rampmeter FCFS, rampmeter SJF
    with aging, and the oracle (rampmeter SJF keyed on the true service time,
    sent as x-cost-hint). The sidecars share policy and fixed limit; only the
    order differs. Each sidecar's mean queue wait per step is read from its
-   rampmeter_queue_wait_seconds histogram. The full run replays the 0.9 level
+   rampmeter_queue_wait_seconds histogram. The full run replays the 1.1 level
    with two more traces (seeds): targets are judged on the median.
 3. Per class: mean, p50, p99 latency and goodput (2xx within the class SLA:
-   short 500 ms, long 5 s at speed 2). Targets at 0.9 load: SJF mean latency
-   >= 40% below FCFS; short p99 >= 3x lower than FCFS; long p99 <= 1.3x FCFS;
-   SJF mean within 20% of the oracle. The same ratios at the other levels.
+   short 500 ms, long 5 s at speed 2). Targets where a queue stands (1.1 x
+   capacity: more is offered than the limit lets through, so the order has a
+   queue to work on; docs/admission.md shows why at 0.9 little waits and no
+   order can meet them): SJF mean latency >= 40% below FCFS; short p99 >= 3x
+   lower than FCFS; long p99 <= 1.3x FCFS; SJF mean within 10% of the oracle.
+   The same ratios at the other levels. The sidecars run the scheduling
+   defaults (aging 100 ms/s, due at 2x the FCFS wait) with max_queue_wait_ms as
+   a far backstop.
 4. Full run only: FCFS vs SJF at 0.9 load with other limits (how much queue the
    limit leaves in the sidecar decides what the order can do).
 
@@ -58,7 +63,7 @@ QUICK = {
     "users": [24, 32, 48],
     "cap_step_s": 8.0,
     "cap_warmup_s": 2.0,
-    "fractions": (0.9,),
+    "fractions": (1.1,),
     "repeats": 1,
     "step_s": 12.0,
     "warmup_s": 2.0,
@@ -67,7 +72,9 @@ QUICK = {
 # The smallest concurrency with >= 90% of the best throughput. On the simulated pod the sweep's points sit at
 # ~82% (24), ~95% (32) and ~99% (40): a 95% rule would pick 32 or 40 by measurement noise, 90% picks 32.
 LIMIT_FRACTION = 0.90
-AT = 0.9  # the load level the targets are set at
+AT = 1.1  # the load level the targets are set at: a queue stands in the sidecar
+AGING_MS_PER_S = 100.0  # the schema default
+BACKSTOP_MS = 600_000.0  # max_queue_wait_ms far out: the FCFS-relative bound (default 2x) is what acts
 
 
 class QueueWaits:
@@ -124,9 +131,9 @@ def measure(args, conf: dict) -> dict:
             "limit_rule": "--limit" if args.limit else f"the smallest with >= {LIMIT_FRACTION:.0%} of capacity",
         }
         policies = {
-            "fcfs": sc.policy_toml("fcfs", limit, profile),
-            "sjf": sc.policy_toml("sjf", limit, profile),
-            "oracle": sc.policy_toml("sjf", limit, profile, oracle_route=True),
+            "fcfs": _policy("fcfs", limit, profile),
+            "sjf": _policy("sjf", limit, profile),
+            "oracle": _policy("sjf", limit, profile, oracle_route=True),
         }
         with demo.sidecars(pod.url(), policies, args.out, cpu=1) as procs:
             targets = {"direct": pod.url(), **{n: p.url() for n, p in procs.items()}}
@@ -160,9 +167,13 @@ def measure(args, conf: dict) -> dict:
     return run
 
 
+def _policy(order: str, limit: int, profile, **kw) -> str:
+    return sc.policy_toml(order, limit, profile, aging_ms_per_s=AGING_MS_PER_S, max_queue_wait_ms=BACKSTOP_MS, **kw)
+
+
 def _at_limit(args, pod_url: str, profile, mix, limit: int, sweep: list[dict], load: float, conf: dict) -> dict:
     """FCFS vs SJF at one load with another fixed limit."""
-    policies = {o: sc.policy_toml(o, limit, profile) for o in ("fcfs", "sjf")}
+    policies = {o: _policy(o, limit, profile) for o in ("fcfs", "sjf")}
     where = Path(args.out) / f"limit-{limit}"
     where.mkdir(exist_ok=True)
     with demo.sidecars(pod_url, policies, where, cpu=1) as procs:
@@ -212,7 +223,7 @@ GOALS = {
     "mean_latency_cut_sjf_vs_fcfs": (">=", 0.40),
     "short_p99_ratio_fcfs_over_sjf": (">=", 3.0),
     "long_p99_ratio_sjf_over_fcfs": ("<=", 1.3),
-    "mean_latency_ratio_sjf_over_oracle": ("<=", 1.2),
+    "mean_latency_ratio_sjf_over_oracle": ("<=", 1.1),
 }
 
 

@@ -44,13 +44,9 @@ def simulated_pod(seed: int = 7) -> httpx.MockTransport:
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     base_url = argv[1] if len(argv) > 1 else "http://pod.invalid"
-    config = client_sdk.RetryConfig(
-        max_attempts=3, deadline_s=5.0
-    )  # the other defaults suit most apps
+    config = client_sdk.RetryConfig(max_attempts=3, deadline_s=5.0)  # the other defaults suit most apps
     transport = simulated_pod() if len(argv) <= 1 else None
-    with client_sdk.Client(
-        base_url, config=config, transport=transport, hooks=client_sdk.LoggingHooks()
-    ) as client:
+    with client_sdk.Client(base_url, config=config, transport=transport, hooks=client_sdk.LoggingHooks()) as client:
         for i in range(5):
             try:
                 response = client.post(
@@ -68,8 +64,7 @@ def main(argv: list[str]) -> int:
                 print(f"call {i}: {type(exc).__name__}: {exc}")
         stats = client.statistics()
         print(
-            f"calls={stats.calls} attempts={stats.attempts} retries={stats.retries} "
-            f"throttled={stats.throttled_locally}"
+            f"calls={stats.calls} attempts={stats.attempts} retries={stats.retries} throttled={stats.throttled_locally}"
         )
         for host, host_stats in stats.hosts.items():
             print(

@@ -41,7 +41,7 @@ from proxy import build
 from proxy.core.arrival import ArrivalGate
 from proxy.errors import StartupError
 from proxy.http.pool import UpstreamPool
-from proxy.http.server import Server
+from proxy.http.server import FD_BASE_RESERVE, Server
 from proxy.policy import shedding as shedding_policy
 from proxy.policy.schema import Listen, Policy
 from proxy.runtime.admin import AdminHandler
@@ -137,11 +137,17 @@ class App:
         self._build_gate(policy)
         self.dedup = Dedup(policy.dedup, build_store(policy.dedup, metrics), metrics, rng=self.rng)
         self.lifecycles = UpstreamLifecycles(policy, metrics=metrics)
+        for warmer in self.lifecycles.warmers:  # warm-up probes seed the service-time model
+            warmer.on_sample = self.scheduler.learn_probe
         self.gpu = GpuSampler(policy.gpu, metrics=metrics, nvml=nvml)
         self.upstream_metrics = UpstreamMetricsReader(policy, metrics=metrics)
         self.batcher = Batcher(policy, metrics)
+        # The engine's own gauges feed admission: engine_queue limit, gradient ceiling, cancel habit.
+        self.upstream_metrics.on_reading = lambda i, s: self.scheduler.note_engine(i, s.running, s.waiting)
         self.request_path = RequestPath(self)
-        self.data_server = Server(self.request_path, policy.listen, metrics=metrics, name="data")
+        # Descriptors the data port's connections must leave free (proxy/http/server.py fd_cap).
+        reserve = sum(u.max_connections for u in policy.upstreams) + ADMIN_LIMITS.max_connections + FD_BASE_RESERVE
+        self.data_server = Server(self.request_path, policy.listen, metrics=metrics, name="data", fd_reserve=reserve)
         self.admin_server = Server(
             AdminHandler(
                 registry=metrics.registry,
@@ -167,7 +173,7 @@ class App:
         shedder = shedding_policy.shedder(policy.shedding, len(policy.classes), self.rng)
         tenants = shedding_policy.tenant_quota(policy.tenants)
         pressure = self.gate.gpu_memory_fraction if self.gate is not None else 0.0
-        self.gate = ArrivalGate(policy, shedder, tenants, self.observatory.service)
+        self.gate = ArrivalGate(policy, shedder, tenants, self.observatory.service, ctl.models)
         self.gate.gpu_memory_fraction = pressure
         ctl.checks = [self.gate]
         # Queue-full answers get the same jittered, bounded Retry-After as shed ones.
@@ -181,6 +187,7 @@ class App:
             await nursery.start(self.gpu.run)
             await nursery.start(self.upstream_metrics.run)
             await nursery.start(self.batcher.run)
+            await nursery.start(self.scheduler.run)  # ends phantom leases on time
             nursery.start_soon(self._signals)
             data = await _listen(nursery, self.data_server, data_address)
             admin = await _listen(nursery, self.admin_server, admin_address)

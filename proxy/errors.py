@@ -41,6 +41,10 @@ class BodyTooLarge(ProtocolError):
         self.limit = limit
 
 
+class RequestTimeout(ProtocolError):
+    """The client did not send its request (body) in time: its deadline passed, or it stalled."""
+
+
 class ClientGone(RampmeterError):
     """The downstream client disconnected or reset its stream."""
 

@@ -14,8 +14,10 @@ Theory of operation (decide under bookkeeping, act outside): every method takes
   have to wait but is already past its expiry time (it cannot afford any wait)
   leaves with Reject(DEADLINE_UNMEETABLE).
 - Dispatch round (after every event that can free room): offer the slot to
-  overdue heads first (past their class's max_queue_wait_ms, oldest overdue
-  first, whatever their class), then to class heads in `ClassPicker` order. The
+  overdue entries first (past their due time: `scheduling.fcfs_wait_multiple`
+  times the FCFS wait they faced at arrival, `fcfs_wait_ms`, or their class's
+  max_queue_wait_ms; earliest due first, whatever their class), then to class
+  heads in `ClassPicker` order. The
   first candidate that fits is admitted and the round starts over; once one
   does not fit, the general pool is held for it and later candidates may only
   use their own reserved slots (no overtaking, so big requests are not starved).
@@ -26,8 +28,24 @@ Theory of operation (decide under bookkeeping, act outside): every method takes
   waiters (Admit, Expired) go to an outbox that `take_woken()` empties; callers
   drain it after each call (`release` returns it directly).
 - `release(lease, now, outcome, rtt_ms, observed)` ends a lease exactly once,
-  feeds the limit (SUCCESS, DROPPED), the service model (SUCCESS), the balancer
-  (REFUSED), then dispatches.
+  feeds the limit (SUCCESS, DROPPED), the service model (SUCCESS; CANCELLED with
+  the time it had upstream is a censored sample), the balancer (REFUSED), then
+  dispatches.
+- Phantom leases (proxy/core/phantoms.py): a lease released CANCELLED after time
+  upstream, on an upstream that keeps computing after a disconnect
+  (`upstreams[i].stops_on_cancel`, or "auto" until learned), keeps its units
+  charged for its expected remaining service time: the backend still does that
+  work. Every call settles the phantoms that are due first (`next_phantom_end()`
+  says when the next one is; the runtime wakes then and calls `expire`).
+  `note_engine(i, running, waiting, now)` feeds the engine's own gauges: they
+  teach "auto" whether cut requests stay in the engine.
+- Unjudged routes: while a route's service model has nothing but priors (no
+  completed sample, no informative cut, no warm-up probe), at most
+  `scheduling.unjudged_in_flight` requests of it that carry a deadline are
+  upstream at once; the others wait for the first answer, which judges them
+  (a prior is a guess: issue 12's embeddings server took seconds where the
+  prior said 9 ms, and every request was forwarded into a 200 ms deadline).
+  A held ticket does not hold the general pool: others pass it.
 
 Reload (`apply_policy`): queued tickets survive and are re-keyed under the new
 order/aging (O(n log n), reloads are rare); tickets of a class that no longer
@@ -56,6 +74,8 @@ from proxy.core.decisions import (
     Ticket,
 )
 from proxy.core.limits import make_limit
+from proxy.core.phantoms import STOPS, CancelHabit, Phantoms
+from proxy.core.quantiles import WindowedQuantiles
 from proxy.core.rates import DecayedRate
 from proxy.core.service_model import ServiceModels
 from proxy.core.shedding import LoadSnapshot
@@ -100,10 +120,16 @@ class AdmissionController:
         self._newcomer: int | None = None  # the ticket whose own decision arrive() returns
         self._newcomer_admit: Admit | None = None
         self._inflight_expected_ms = 0.0
+        self.phantoms = Phantoms()
+        self.habits: list[CancelHabit] = []
+        self._probes: dict[str, int] = {}  # route -> its unjudged requests upstream
+        self._probe_leases: set[int] = set()
         self._work_in: dict[str, DecayedRate] = {}  # per class: expected ms of work arriving per second
         self._now = 0.0
-        self.counts = {"admitted": 0, "expired": 0, "abandoned": 0, "released": 0, "rejected": {}}
+        self.counts = {"admitted": 0, "expired": 0, "abandoned": 0, "released": 0, "phantoms": 0, "rejected": {}}
         self.models = ServiceModels()
+        # Completed requests' service time, all routes: the backend's own time scale for shedding.
+        self.service_times = WindowedQuantiles(window_s=60.0, sub_windows=6, refresh_s=1.0)
         self.policy = None
         self.waitline = Waitline(policy.scheduling, policy.classes)
         self._configure(policy, 0.0)
@@ -129,13 +155,17 @@ class AdmissionController:
         deadline: float | None = None,
         budget_ms: int | None = None,
         tenant: bytes = b"",
+        now: float | None = None,
     ) -> Ticket:
-        """A ticket with its expected service time from the route's learned model."""
-        expected = self.models.expected_ms(cost.route, cost.prompt_tokens, cost.output_tokens, float(cost.units))
+        """A ticket with its expected service time from the route's learned model (never below
+        the censored floor of its shape at `now`; default: the controller's last event time)."""
+        now = self._now if now is None else now
+        expected = self.models.expected_ms(cost.route, cost.prompt_tokens, cost.output_tokens, float(cost.units), now)
         return Ticket(next(self._ticket_ids), klass, cost, expected, deadline, budget_ms, tenant)
 
     def arrive(self, ticket: Ticket, now: float) -> Admit | Enqueue | Reject:
         self._now = now
+        self._settle(now)
         line = self.waitline
         if line.get(ticket.id) is not None:
             raise ValueError(f"ticket {ticket.id} is already queued")
@@ -146,12 +176,14 @@ class AdmissionController:
             if verdict is not None:
                 return self._reject(verdict)
         alone = not len(line)
-        if alone:
+        if alone and not self._held(ticket):
             placed = self._place(ticket, now, reserve_only=False)
             if placed is not None:
                 self._note_work(ticket, now)
                 return self._admit(ticket, placed, now, now)
-        entry = line.push(ticket, now)
+        inflight = sum(self.capacity.requests)
+        slot_ms = max(ticket.expected_ms, self._inflight_expected_ms / inflight if inflight else 0.0)
+        entry = line.push(ticket, now, fcfs_wait_ms=self.fcfs_wait_ms(now), slot_ms=slot_ms)
         self._arrivals.add(now)
         if not alone:  # alone, it just failed to fit: a round would fail the same way
             self._newcomer, self._newcomer_admit = ticket.id, None
@@ -193,10 +225,25 @@ class AdmissionController:
         self._now = now
         if self._leases.pop(lease.id, None) is None:
             raise LeaseError(f"lease {lease.id} released twice or never granted")
+        self._settle(now)
         i, t = lease.upstream, lease.ticket
         inflight = self.capacity.used[i]
-        self.capacity.give(i, t.klass, self._charges.pop(lease.id))
+        charge = self._charges.pop(lease.id)
         self._inflight_expected_ms -= t.expected_ms
+        cut = outcome is Outcome.CANCELLED and rtt_ms is not None
+        if cut:  # cut after rtt_ms upstream: a censored sample, and maybe work the backend still does
+            self.models.censored(t.cost.route, t.cost.prompt_tokens, t.cost.output_tokens, rtt_ms, now)
+        remaining = self._remaining_ms(lease, rtt_ms, now) if cut else 0.0
+        if remaining > 0.0:
+            self.phantoms.add(lease, charge, now, remaining)
+            self._charges[lease.id] = charge  # still charged, re-counted on reload
+            self._inflight_expected_ms += remaining
+            self.counts["phantoms"] += 1
+        else:
+            self.capacity.give(i, t.klass, charge)
+        if lease.id in self._probe_leases:
+            self._probe_leases.discard(lease.id)
+            self._probes[t.cost.route] -= 1
         self._drain.add(now)
         self.counts["released"] += 1
         if outcome is Outcome.REFUSED:
@@ -204,12 +251,15 @@ class AdmissionController:
         elif outcome is Outcome.DROPPED:  # overload signal: back off, latency or not
             self.capacity.limits[i].on_sample(now, rtt_ms or 0.0, inflight, True)
         elif outcome is Outcome.SUCCESS and rtt_ms is not None:
+            if observed is not None and not observed.prompt_tokens and not observed.output_tokens:
+                observed = None  # usage all zeros (LitServe reports that): it reported nothing
             per = (
                 latency_tokens(t, observed, self.models.fill(t.cost.route, t.cost.output_tokens))
                 if self._per_token
                 else 1
             )
             self.capacity.limits[i].on_sample(now, rtt_ms / per, inflight, False)
+            self.service_times.record(rtt_ms, now)
             c, o = t.cost, observed or _NOTHING_OBSERVED
             self.models.learn(
                 c.route,
@@ -219,13 +269,71 @@ class AdmissionController:
                 rtt_ms,
                 o.prompt_tokens,
                 o.output_tokens,
+                now,
             )
         self._dispatch(now)
         return self.take_woken()
 
+    def _remaining_ms(self, lease: Lease, elapsed_ms: float, now: float) -> float:
+        """What a cut request still costs its upstream: 0 if it stops on cancel, else its expected
+        total (the model's, never below the censored floor the cut just raised) less what it had."""
+        if not self.habits[lease.upstream].keeps_computing:
+            return 0.0
+        t = lease.ticket
+        c = t.cost
+        total = max(
+            t.expected_ms, self.models.expected_ms(c.route, c.prompt_tokens, c.output_tokens, t.expected_ms, now)
+        )
+        return max(0.0, total - elapsed_ms)
+
+    def _settle(self, now: float) -> bool:
+        """End the phantoms that are due; True when any did (room freed)."""
+        ended = self.phantoms.due(now)
+        for p in ended:
+            self._end_phantom(p)
+        return bool(ended)
+
+    def _end_phantom(self, p) -> None:
+        lease = p.lease
+        self.capacity.give(lease.upstream, lease.ticket.klass, self._charges.pop(lease.id))
+        self._inflight_expected_ms -= p.remaining_ms
+
+    def next_phantom_end(self) -> float | None:
+        """When the next phantom lease ends (None: none held)."""
+        return self.phantoms.next_end()
+
+    def note_engine(
+        self, index: int, running: float | None, waiting: float | None, now: float
+    ) -> list[Admit | Expired]:
+        """The engine's own request gauges for upstream `index` (None: unknown): teach "auto"
+        whether cut requests stay in the engine; returns the waiters woken."""
+        self._now = now
+        self._settle(now)
+        live = self.capacity.requests[index] - len(self.phantoms.on(index))
+        if running is not None and index < len(self.habits):
+            active = running + (waiting or 0.0)
+            if self.habits[index].observe_engine(active, live, self.phantoms.on(index), now):
+                for p in self.phantoms.drop(index):  # it stops on cancel: those slots are free
+                    self._end_phantom(p)
+                live = self.capacity.requests[index]
+        if (running is not None or waiting is not None) and self._unit_requests:
+            self.capacity.limits[index].on_engine(running, waiting or 0.0, live, now)
+        self._dispatch(now)
+        return self.take_woken()
+
+    def learn_probe(self, path: str, body: bytes, latency_ms: float, now: float) -> None:
+        """A warm-up probe of this request took `latency_ms`: a sample before any real traffic
+        (the route is judged from then on), then dispatch, since held tickets may now go."""
+        self._now = now
+        self._settle(now)
+        c = self.estimator.estimate(path, body)
+        self.models.seed(c.route, c.prompt_tokens, c.output_tokens, latency_ms, now)
+        self._dispatch(now)
+
     def cancel(self, ticket_id: int, now: float) -> bool:
         """A queued ticket's client went away: it leaves the queue now. False if it was not queued."""
         self._now = now
+        self._settle(now)
         entry = self.waitline.get(ticket_id)
         if entry is None:
             return False
@@ -235,19 +343,22 @@ class AdmissionController:
         return True
 
     def expire(self, now: float) -> list[Expired]:
-        """Queued tickets whose deadline can no longer be met (answer 504 deadline_expired)."""
+        """Queued tickets whose deadline can no longer be met (answer 504 deadline_expired); also
+        ends the phantom leases that are due (and admits into the room they leave: take_woken)."""
         self._now = now
+        freed = self._settle(now)
         due = self.waitline.pop_due(now)
         for _ in due:
             self._leaves.add(now)
         self.counts["expired"] += len(due)
-        if due:
+        if due or freed:
             self._dispatch(now)
         return [Expired(e.ticket, (now - e.enqueued_at) * 1000.0) for e in due]
 
     def set_capacity_factor(self, index: int, factor: float, now: float) -> list[Admit | Expired]:
         """Scale upstream `index`'s limit (slow start ramp; 0 closes it). Returns woken waiters."""
         self.capacity.factors[index] = max(0.0, factor)
+        self._settle(now)
         self._dispatch(now)
         return self.take_woken()
 
@@ -274,6 +385,21 @@ class AdmissionController:
         """What the ticket counts against a limit: 1 request, or its tokens."""
         return 1 if self._unit_requests else max(1, ticket.cost.units)
 
+    def _held(self, ticket: Ticket) -> bool:
+        """Waits for its route's first answer (see "Unjudged routes" in the module docstring)."""
+        if ticket.deadline is None:
+            return False
+        route = ticket.cost.route
+        return self._probes.get(route, 0) >= self._unjudged_in_flight and not self.models.judged(route)
+
+    def _probes_held(self) -> bool:
+        """Some route is at its unjudged in-flight cap (the dispatch round must skip its tickets)."""
+        cap = self._unjudged_in_flight
+        return any(n >= cap for n in self._probes.values())
+
+    def _held_entry(self, entry: Entry) -> bool:
+        return self._held(entry.ticket)
+
     def _place(self, ticket: Ticket, now: float, reserve_only: bool) -> tuple[int, int] | None:
         return self.capacity.place(ticket.klass, self._units(ticket), now, self.balancer, reserve_only)
 
@@ -284,6 +410,9 @@ class AdmissionController:
         self._leases[lease.id] = lease
         self._charges[lease.id] = charge
         self._inflight_expected_ms += ticket.expected_ms
+        if ticket.deadline is not None and not self.models.judged(ticket.cost.route):
+            self._probe_leases.add(lease.id)
+            self._probes[ticket.cost.route] = self._probes.get(ticket.cost.route, 0) + 1
         self.counts["admitted"] += 1
         return Admit(lease)
 
@@ -294,7 +423,8 @@ class AdmissionController:
             if not cap.has_room():
                 return  # the usual saturated case; expiries are found by expire(now)
             progressed = blocked = False
-            for entry, weighted_pick in line.candidates(now):
+            skip = self._held_entry if self._probes_held() else None
+            for entry, weighted_pick in line.candidates(now, skip):
                 t = entry.ticket
                 expires_at = line.expires_at(t)
                 if expires_at is not None and now >= expires_at and t.id != self._newcomer:
@@ -343,6 +473,7 @@ class AdmissionController:
         sched, limits = policy.scheduling, policy.limits
         self._unit_requests = limits.unit == "requests"
         self._per_token = limits.latency_measure == "ms_per_token"
+        self._unjudged_in_flight = sched.unjudged_in_flight or float("inf")
         self.estimator = CostEstimator(policy.routes, sched.parse_max_bytes)
         self.waitline.configure(sched, policy.classes, now)
         self.models.configure(
@@ -356,6 +487,17 @@ class AdmissionController:
             self._work_in = {}
         if len(policy.upstreams) == self.upstream_count:
             self.balancer.set_cooldowns(_cooldowns(policy, self.upstream_count))
+        self._configure_habits(policy)
+
+    def _configure_habits(self, policy) -> None:
+        """One CancelHabit per upstream; what "auto" learned survives a reload that keeps "auto"."""
+        ups = getattr(policy, "upstreams", ())
+        settings = [ups[i].stops_on_cancel if i < len(ups) else "auto" for i in range(self.upstream_count)]
+        old = self.habits
+        self.habits = [
+            old[i] if i < len(old) and old[i].setting == setting else CancelHabit(setting)
+            for i, setting in enumerate(settings)
+        ]
 
     def _configure_capacity(self, policy, old) -> None:
         """New limits if [limits] changed; in-flight leases re-counted under the new unit and reservations."""
@@ -368,9 +510,8 @@ class AdmissionController:
         self.capacity = cap = Capacity(limits, dict(policy.scheduling.reserved_slots))
         if previous is not None:
             cap.factors = list(previous.factors)
-        self._charges = cap.recount(
-            (lz.id, lz.upstream, lz.ticket.klass, self._units(lz.ticket)) for lz in self._leases.values()
-        )
+        held = [*self._leases.values(), *(p.lease for p in self.phantoms)]
+        self._charges = cap.recount((lz.id, lz.upstream, lz.ticket.klass, self._units(lz.ticket)) for lz in held)
 
     # --- what deadlines and shedding read ---------------------------------
 
@@ -387,6 +528,18 @@ class AdmissionController:
         ahead = self.waitline.work_ahead_ms(klass, expected_ms, exclude)
         wait = (ahead + self._inflight_expected_ms / 2.0) / max(1, sum(self.capacity.requests))
         return wait * self.overtaking_factor(klass, now)
+
+    def fcfs_wait_ms(self, now: float) -> float:
+        """The wait FCFS would give an arrival now: all waiting work, plus half the work in flight
+        (the mean residual), over the parallelism (requests in flight, or the limit when it
+        counts requests: what drains a standing queue). On a serial server this is the work in
+        the system, which no work-conserving order changes. It sets the arrival's due time
+        (the starvation bound, proxy/core/sjf.py)."""
+        cap = self.capacity
+        parallel = sum(cap.requests)
+        if self._unit_requests:
+            parallel = max(parallel, sum(cap.limit(i) for i in range(len(cap))))
+        return (self.waitline.backlog_ms() + self._inflight_expected_ms / 2.0) / max(1, parallel)
 
     def _note_work(self, ticket: Ticket, now: float) -> None:
         rate = self._work_in.get(ticket.klass)
@@ -432,6 +585,8 @@ class AdmissionController:
             self._drain.rate(now),
             gpu_memory_fraction,
             head_wait_by_class=tuple(waits),
+            service_p50_ms=self.service_times.quantile(0.5, now) or 0.0,
+            service_p99_ms=self.service_times.quantile(0.99, now) or 0.0,
         )
 
     def statistics(self, now: float | None = None) -> dict:
@@ -455,7 +610,9 @@ class AdmissionController:
             "queue_growth_per_s": arrivals - leaves,
             "queue_growing": bool(len(self.waitline)) and arrivals > leaves,
             "counts": {**self.counts, "rejected": dict(self.counts["rejected"])},
-            "models": self.models.statistics(),
+            "phantoms": self.phantoms.statistics(now),
+            "stops_on_cancel": [h.state == STOPS if h.state != "unknown" else "auto" for h in self.habits],
+            "models": self.models.statistics(now),
             "balancer": self.balancer.statistics(now),
         }
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from proxy.core import deadline as dl
 from proxy.core.decisions import Ticket
 from proxy.core.quantiles import LatencyFamily, cost_bucket
+from proxy.core.service_model import ServiceModels
 from proxy.core.shedding import Shedder, arrival_verdict
 from proxy.core.token_bucket import TenantQuota
 
@@ -42,11 +43,19 @@ def service_key(ticket: Ticket) -> tuple[str, int]:
 class ArrivalGate:
     """`(controller, ticket, now) -> Reject | None`, for `AdmissionController.checks`."""
 
-    def __init__(self, policy, shedder: Shedder, tenants: TenantQuota | None, service_ms: LatencyFamily) -> None:
+    def __init__(
+        self,
+        policy,
+        shedder: Shedder,
+        tenants: TenantQuota | None,
+        service_ms: LatencyFamily,
+        models: ServiceModels | None = None,
+    ) -> None:
         self.ranked = ranked_classes(policy)
         self._rank = {name: i for i, name in enumerate(self.ranked)}
         self._on_unmeetable = {name: c.on_unmeetable for name, c in policy.classes.items()}
         self.shedder, self.tenants, self._service_ms = shedder, tenants, service_ms
+        self.models = models  # the controller's, for censored floors raised since a ticket arrived
         self.gpu_memory_fraction = 0.0  # fed by the GPU sampler / upstream metrics, in [0, 1]
 
     def __call__(self, ctl, ticket: Ticket, now: float):
@@ -67,9 +76,15 @@ class ArrivalGate:
         return self._rank.get(klass, len(self.ranked) - 1)
 
     def service_ms(self, ticket: Ticket, now: float) -> float:
-        """Observed p99 service time for the ticket's cost bucket, else the model's estimate."""
+        """Observed p99 service time for the ticket's cost bucket, else the model's estimate;
+        never below the censored floor of its shape: the p99 of the requests that finished is
+        a survivor's figure when most are cut (proxy/core/censored.py)."""
         p99 = self._service_ms.quantile(service_key(ticket), 0.99, now)
-        return dl.service_estimate_ms(p99, ticket.expected_ms)
+        estimate = dl.service_estimate_ms(p99, ticket.expected_ms)
+        if self.models is None:
+            return estimate
+        c = ticket.cost
+        return max(estimate, self.models.floor_ms(c.route, c.prompt_tokens, c.output_tokens, now))
 
     def deadline_verdict(self, ctl, ticket: Ticket, now: float) -> dl.Meetable | dl.Unmeetable:
         if ticket.deadline is None:

@@ -13,6 +13,15 @@ L - sum(R) units. A placement of `units` for class c fits upstream i iff
 where over_c(u) = max(0, u - R_c). With `reserve_only` (the general pool is held
 for an earlier request that did not fit) only c's own reservation may be used.
 
+Reservations never take the whole limit: while sum(R) <= L - 1 they apply as
+written, else they are scaled down (floor) to fit in L - 1, and at L = 1 there
+are none. A serial server (limit 1) with { realtime = 2 } reserved therefore
+serves every class from its one slot instead of failing the policy check (issue
+12) or starving the others; a gradient limit that shrinks takes the
+reservations down with it. The general pool is computed from the per-class
+counts under the reservations in force, so accounting stays exact when they
+change.
+
 A request larger than anything class c could ever hold here (L - sum of other
 classes' reservations) is charged that maximum instead, so it runs alone rather
 than waiting forever; the charge is what `give` returns, so accounting stays
@@ -26,9 +35,9 @@ from __future__ import annotations
 
 class Capacity:
     __slots__ = (
+        "_scaled",
         "by_class",
         "factors",
-        "general",
         "limits",
         "requests",
         "reserved",
@@ -43,7 +52,7 @@ class Capacity:
         self.reserved = dict(reserved)
         self.reserved_total = sum(reserved.values())
         self.used = [0] * n  # units in flight
-        self.general = [0] * n  # units in flight beyond their class's reservation
+        self._scaled: dict[int, dict[str, int]] = {}  # limit -> reservations in force at that limit
         self.requests = [0] * n  # leases in flight (for the balancer)
         self.by_class: list[dict[str, int]] = [{} for _ in range(n)]
 
@@ -63,11 +72,36 @@ class Capacity:
         used = self.used
         return any(used[i] < self.limit(i) for i in range(len(used)))
 
+    def reservations(self, i: int) -> dict[str, int]:
+        """The reservations in force on upstream i (see the module docstring)."""
+        total = self.reserved_total
+        if not total:
+            return self.reserved
+        limit = self.limit(i)
+        room = limit - 1
+        if total <= room:
+            return self.reserved
+        scaled = self._scaled.get(limit)
+        if scaled is None:
+            scaled = self._scaled[limit] = {c: r * room // total for c, r in self.reserved.items()} if room > 0 else {}
+        return scaled
+
+    def general_of(self, i: int, reserved: dict[str, int] | None = None) -> int:
+        """Units in flight on upstream i beyond their class's reservation (the general pool's use)."""
+        res = self.reservations(i) if reserved is None else reserved
+        return sum(_over(held, res.get(c, 0)) for c, held in self.by_class[i].items())
+
+    @property
+    def general(self) -> list[int]:
+        return [self.general_of(i) for i in range(len(self.limits))]
+
     def fits(self, i: int, klass: str, units: int, reserve_only: bool = False) -> int | None:
         """Units to charge for placing `units` of `klass` on upstream i, or None if it does not fit."""
         limit = self.limit(i)
-        own = self.reserved.get(klass, 0)
-        ceiling = limit - self.reserved_total + own
+        res = self.reservations(i)
+        res_total = sum(res.values()) if res is not self.reserved else self.reserved_total
+        own = res.get(klass, 0)
+        ceiling = limit - res_total + own
         if ceiling <= 0:
             return None
         charge = min(units, ceiling)
@@ -75,7 +109,7 @@ class Capacity:
             return None
         mine = self.by_class[i].get(klass, 0)
         grow = _over(mine + charge, own) - _over(mine, own)
-        if grow and (reserve_only or self.general[i] + grow > limit - self.reserved_total):
+        if grow and (reserve_only or self.general_of(i, res) + grow > limit - res_total):
             return None
         return charge
 
@@ -90,20 +124,17 @@ class Capacity:
 
     def ceiling(self, i: int, klass: str) -> int:
         """The most class `klass` could ever hold on upstream i (what an oversized request is charged)."""
-        return self.limit(i) - self.reserved_total + self.reserved.get(klass, 0)
+        res = self.reservations(i)
+        return self.limit(i) - sum(res.values()) + res.get(klass, 0)
 
     def take(self, i: int, klass: str, charge: int) -> None:
         mine = self.by_class[i].get(klass, 0)
-        own = self.reserved.get(klass, 0)
-        self.general[i] += _over(mine + charge, own) - _over(mine, own)
         self.by_class[i][klass] = mine + charge
         self.used[i] += charge
         self.requests[i] += 1
 
     def give(self, i: int, klass: str, charge: int) -> None:
         mine = self.by_class[i][klass]
-        own = self.reserved.get(klass, 0)
-        self.general[i] -= _over(mine, own) - _over(mine - charge, own)
         if mine == charge:
             del self.by_class[i][klass]
         else:

@@ -28,6 +28,12 @@ While DROPPING, `take_drop(now)` is CoDel's control law: it answers True for one
 arrival at once, then for the next after interval / sqrt(drops so far); the first
 BELOW interval ends it and starts the count over. The decision is made at arrival
 only; queued requests are left to the deadline expiry rule.
+
+Retuning (`retune(target_ms, interval_ms, now)`): the shedder scales target and
+interval with the backend's observed service time. A new target applies from
+the next judged interval; a new interval restarts the grid at the start of the
+running interval (its samples so far are kept), so no interval is judged twice
+or skipped. Changes under 10% are ignored: quantile noise must not re-grid.
 """
 
 from __future__ import annotations
@@ -137,6 +143,25 @@ class CoDel:
         self._min = None
         self._closed += count
         self._next_end = self._end(self._closed)
+
+    def retune(self, target_ms: float, interval_ms: float, now: float) -> bool:
+        """New target and interval (see the module doc); True when anything changed."""
+        if not (target_ms >= 0 and interval_ms > 0):
+            raise ValueError("need target_ms >= 0 and interval_ms > 0")
+        interval_s = interval_ms / 1000.0
+        same_target = abs(target_ms - self.target_ms) <= 0.1 * max(self.target_ms, 1e-9)
+        same_interval = abs(interval_s - self._interval_s) <= 0.1 * self._interval_s
+        if same_target and same_interval:
+            return False
+        self.target_ms = target_ms
+        if not same_interval:
+            if self._t0 is not None:
+                start = self._end(self._closed - 1) if self._closed else self._t0
+                self._t0, self._closed = min(start, now), 0
+            self._interval_s = interval_s
+            if self._t0 is not None:
+                self._next_end = self._end(0)
+        return True
 
     def take_drop(self, now: float) -> bool:
         """CoDel's control law: while DROPPING, shed one arrival at once, then the next after

@@ -20,6 +20,24 @@ admission controller enforces it. Each change records its reason
   half the limit is in use the limit is not raised (an idle upstream proves
   nothing about a bigger batch).
 
+- `EngineQueueLimit` (`kind = "engine_queue"`): follows the engine's own queue,
+  read from its gauges (vLLM `num_requests_waiting` / `num_requests_running`,
+  Triton `nv_inference_pending_request_count`) through `on_engine(running,
+  waiting, inflight, now)`. Order only matters for what waits in rampmeter;
+  what waits inside the engine is served first come, first served. So: while
+  the engine's waiting queue stands (a decayed mean of at least half a request,
+  some waiting now, and the engine running as many as it has been seen to run:
+  a request that arrived between two engine steps waits a moment below the
+  engine's capacity, which is no queue) the limit drops to what the engine
+  runs; while nothing waits there and the sidecar uses its whole limit, it
+  grows by one per reading.
+  It settles at the largest limit the engine runs without queueing, so the
+  engine runs full batches and every queued request is ordered by rampmeter.
+- The gradient limit takes the same reading as a ceiling (`on_engine`): it
+  never climbs above what the engine runs without queueing (issue 12: the
+  shipped llm-chat policy's gradient limit climbed to 21-36 over vLLM's 8
+  sequences, so 12-20 requests waited inside vLLM where no order applies).
+
 Units: whatever the controller counts (requests or tokens); the limit is a float
 internally and `int()` for enforcement, at least 1.
 """
@@ -35,7 +53,41 @@ class Limit(Protocol):
 
     def on_sample(self, now: float, rtt_ms: float, inflight: float, dropped: bool) -> int: ...
 
+    def on_engine(self, running: float | None, waiting: float, inflight: int, now: float) -> int: ...
+
     def statistics(self) -> dict: ...
+
+
+WAITING_ALPHA = 0.3  # decay of the engine's waiting count over readings
+STANDING = 0.5  # a decayed mean waiting at or above this (and someone waiting now) is a queue
+
+
+PEAK_DECAY = 0.999  # the most the engine was seen running fades by this per reading (~700 to halve)
+
+
+class EngineQueue:
+    """The largest limit at which the engine's waiting queue stays near zero (see module doc)."""
+
+    __slots__ = ("limit", "peak_running", "reason", "waiting_mean")
+
+    def __init__(self, initial: float) -> None:
+        self.limit = float(initial)
+        self.waiting_mean = 0.0
+        self.peak_running = 0.0
+        self.reason = "initial"
+
+    def reading(self, running: float | None, waiting: float, inflight: int, lo: int, hi: int) -> float:
+        self.waiting_mean += WAITING_ALPHA * (waiting - self.waiting_mean)
+        runs = running if running is not None else max(0.0, inflight - waiting)  # Triton: pending only
+        self.peak_running = max(runs, self.peak_running * PEAK_DECAY)
+        at_capacity = runs >= self.peak_running - 0.5
+        if waiting >= 1 and self.waiting_mean >= STANDING and at_capacity:
+            new = max(lo, min(self.limit, runs))
+            if new < self.limit:
+                self.limit, self.reason = new, "engine_queue"
+        elif waiting < 1 and inflight >= int(self.limit) and self.limit < hi:
+            self.limit, self.reason = min(float(hi), self.limit + 1.0), "engine_idle"
+        return self.limit
 
 
 class FixedLimit:
@@ -48,6 +100,9 @@ class FixedLimit:
     def on_sample(self, now: float, rtt_ms: float, inflight: float, dropped: bool) -> int:
         return self.value
 
+    def on_engine(self, running: float | None, waiting: float, inflight: int, now: float) -> int:
+        return self.value  # the SRE's number: the engine's gauges are shown, not followed
+
     def statistics(self) -> dict:
         return {"kind": "fixed", "limit": self.value, "last_reason": self.last_reason}
 
@@ -59,6 +114,7 @@ class GradientLimit:
     __slots__ = (
         "_allowance",
         "_backoff",
+        "_ceiling",
         "_limit",
         "_long_a",
         "_max",
@@ -104,6 +160,14 @@ class GradientLimit:
         self.long_ms: float | None = None
         self.changed_at: float | None = None
         self.samples = 0
+        self._ceiling: EngineQueue | None = None  # from the engine's gauges, once there are any
+
+    def on_engine(self, running: float | None, waiting: float, inflight: int, now: float) -> int:
+        """The engine's queue caps the gradient: never above what it runs without queueing."""
+        if self._ceiling is None:
+            self._ceiling = EngineQueue(max(self._limit, self._min))
+        self._ceiling.reading(running, waiting, inflight, self._min, self._max)
+        return self._set(self._limit, "engine_queue", now)
 
     def on_sample(self, now: float, rtt_ms: float, inflight: float, dropped: bool) -> int:
         self.samples += 1
@@ -124,9 +188,10 @@ class GradientLimit:
         return self._set(new, "latency" if gradient < 1.0 else "probe", now)
 
     def _set(self, new: float, reason: str, now: float) -> int:
-        bounded = min(max(new, self._min), self._max)
+        top = self._max if self._ceiling is None else max(self._min, min(self._max, self._ceiling.limit))
+        bounded = min(max(new, self._min), top)
         if bounded != new:
-            reason = "min_limit" if new < self._min else "max_limit"
+            reason = "min_limit" if new < self._min else ("max_limit" if top == self._max else "engine_queue")
         self._limit = bounded
         value = max(1, int(bounded))
         if value != self.value:
@@ -142,16 +207,66 @@ class GradientLimit:
             "short_ms": self.short_ms,
             "long_ms": self.long_ms,
             "samples": self.samples,
+            "engine_ceiling": None if self._ceiling is None else self._ceiling.limit,
         }
 
     def __repr__(self) -> str:
         return f"<GradientLimit {self.value} [{self._min}..{self._max}] last={self.last_reason} short={self.short_ms} long={self.long_ms}>"
 
 
-def make_limit(policy) -> FixedLimit | GradientLimit:
+class EngineQueueLimit:
+    """`kind = "engine_queue"`: the limit the engine's own queue allows (see the module doc)."""
+
+    __slots__ = ("_backoff", "_max", "_min", "_queue", "changed_at", "last_reason", "readings", "value")
+
+    def __init__(self, initial: int, min_limit: int, max_limit: int, *, backoff_ratio: float = 0.9) -> None:
+        self._min, self._max, self._backoff = min_limit, max_limit, backoff_ratio
+        self._queue = EngineQueue(min(max(initial, min_limit), max_limit))
+        self.value = int(self._queue.limit)
+        self.last_reason = "initial"
+        self.changed_at: float | None = None
+        self.readings = 0
+
+    def on_engine(self, running: float | None, waiting: float, inflight: int, now: float) -> int:
+        self.readings += 1
+        self._queue.reading(running, waiting, inflight, self._min, self._max)
+        return self._set(self._queue.limit, self._queue.reason, now)
+
+    def on_sample(self, now: float, rtt_ms: float, inflight: float, dropped: bool) -> int:
+        if dropped:  # the upstream said it is overloaded (503/429, timeout)
+            self._queue.limit = max(float(self._min), self._queue.limit * self._backoff)
+            return self._set(self._queue.limit, "drop", now)
+        return self.value
+
+    def _set(self, limit: float, reason: str, now: float) -> int:
+        value = max(1, int(limit))
+        if value != self.value:
+            self.value, self.last_reason, self.changed_at = value, reason, now
+        return self.value
+
+    def statistics(self) -> dict:
+        return {
+            "kind": "engine_queue",
+            "limit": self.value,
+            "estimate": self._queue.limit,
+            "last_reason": self.last_reason,
+            "engine_waiting_mean": self._queue.waiting_mean,
+            "engine_peak_running": self._queue.peak_running,
+            "readings": self.readings,
+        }
+
+    def __repr__(self) -> str:
+        return f"<EngineQueueLimit {self.value} [{self._min}..{self._max}] last={self.last_reason}>"
+
+
+def make_limit(policy) -> FixedLimit | GradientLimit | EngineQueueLimit:
     """Build the Limit a `[limits]` section describes."""
     if policy.kind == "fixed":
         return FixedLimit(policy.initial_limit)
+    if policy.kind == "engine_queue":
+        return EngineQueueLimit(
+            policy.initial_limit, policy.min_limit, policy.max_limit, backoff_ratio=policy.backoff_ratio
+        )
     return GradientLimit(
         policy.initial_limit,
         policy.min_limit,

@@ -35,6 +35,21 @@ to their end while long ones stop early (one route-wide ratio overestimated
 long answers ~2.2x); an empty bucket answers the route-wide ratio, which also
 primes it as one pseudo-sample.
 
+Physical ranges (issue 12: on vLLM the fit came out at -0.09 ms per prompt
+token, and a base cost of 56-63 ms absorbed what the slope gave away): the
+solution is held to 0 <= per-token slopes, 0 <= base <= the fastest recent
+sample (no request takes less than the fixed cost), by the active-set method:
+a coefficient past its bound is fixed there and the rest re-solved, at most
+three rounds. The unconstrained solve is the usual case and stays as cheap.
+
+Requests that did not finish (cut at their deadline, client gone) are censored
+samples, kept apart in `proxy.core.censored.CensoredFloors`: a floor per request
+shape under `expected_ms(..., now)`, so a deadline the backend cannot meet turns
+into deadline_unmeetable at arrival after a cut or two, however few requests
+ever complete. A model is `judged` once it has one completed sample, one
+informative cut or one warm-up probe (`seed`): before that its priors are
+guesses, and the controller forwards one request of the route at a time.
+
 Pure arithmetic; `statistics()` reports coefficients, fill ratios, samples and
 the decayed mean absolute relative error of arrival-time predictions.
 """
@@ -42,6 +57,8 @@ the decayed mean absolute relative error of arrival-time predictions.
 from __future__ import annotations
 
 from math import isfinite
+
+from proxy.core.censored import CensoredFloors, shape_bucket
 
 _SCALE = 1000.0  # tokens per feature unit
 _MIN_MS = 0.1
@@ -97,10 +114,13 @@ class ServiceModel:
         "_scale",
         "_seen",
         "_theta",
+        "_min_ms",
         "_warmup",
         "error",
         "fill",
+        "floors",
         "samples",
+        "seeded",
     )
 
     def __init__(
@@ -129,7 +149,10 @@ class ServiceModel:
         self.fill = OutputFill(output_fill_ratio, self._alpha)
         self._warmup = warmup_samples
         self.samples = 0
+        self.seeded = 0  # warm-up probes taken as samples
         self.error: float | None = None  # decayed mean |observed - expected| / observed
+        self._min_ms: float | None = None  # decayed minimum sample: the base cost's upper bound
+        self.floors = CensoredFloors()
 
     @classmethod
     def from_route(cls, route, memory_samples: int = 500, prior_samples: float = 5.0) -> ServiceModel:
@@ -151,10 +174,24 @@ class ServiceModel:
         # Negative slopes are noise; a longer request never predicts shorter.
         return max(_MIN_MS, a + max(0.0, b) * x1 + max(0.0, c) * x2)
 
-    def expected_ms(self, prompt_tokens: int, requested_output_tokens: int) -> float:
-        """Service time expected at arrival, when only max_tokens is known."""
+    def expected_ms(self, prompt_tokens: int, requested_output_tokens: int, now: float | None = None) -> float:
+        """Service time expected at arrival, when only max_tokens is known; with `now`, never
+        below what requests of the same shape that were cut have shown (censored floors)."""
         fill = self.fill.ratio(requested_output_tokens)
-        return self.predict_ms(prompt_tokens, requested_output_tokens * fill)
+        ms = self.predict_ms(prompt_tokens, requested_output_tokens * fill)
+        if now is None:
+            return ms
+        return max(ms, self.floors.floor_ms(shape_bucket(prompt_tokens, requested_output_tokens), now))
+
+    @property
+    def judged(self) -> bool:
+        """Whether anything but the priors speaks: a completed sample, an informative cut, a probe."""
+        return self.samples > 0 or self.floors.informative > 0
+
+    def observe_censored(self, prompt_tokens: int, requested_output_tokens: int, cut_ms: float, now: float) -> bool:
+        """A request cut after `cut_ms` upstream (service > cut_ms); True when it taught something."""
+        predicted = self.expected_ms(prompt_tokens, requested_output_tokens)
+        return self.floors.censored(shape_bucket(prompt_tokens, requested_output_tokens), cut_ms, predicted, now)
 
     # --- learning ---------------------------------------------------------
 
@@ -177,6 +214,9 @@ class ServiceModel:
         R[3], R[4], R[5] = lam * R[3] + w1 * x1, lam * R[4] + w1 * x2, lam * R[5] + w2 * x2
         r[0], r[1], r[2] = lam * r[0] + w * ms, lam * r[1] + w1 * ms, lam * r[2] + w2 * ms
         self._seen = lam * self._seen + 1.0
+        m = self._min_ms
+        # The fastest recent request: old minima fade toward the typical time, so a drift up is followed.
+        self._min_ms = ms if m is None else min(ms, m + self._alpha * (self._ref - m))  # type: ignore[operator]
         self._solve()
         self.samples += 1
 
@@ -204,8 +244,15 @@ class ServiceModel:
         t0 = (c00 * y0 + c01 * y1 + c02 * y2) / det
         t1 = (c01 * y0 + c11 * y1 + c12 * y2) / det
         t2 = (c02 * y0 + c12 * y1 + c22 * y2) / det
-        if isfinite(t0) and isfinite(t1) and isfinite(t2):
-            self._theta[:] = (t0, t1, t2)
+        if not (isfinite(t0) and isfinite(t1) and isfinite(t2)):
+            return
+        hi = self._min_ms if self._min_ms is not None else float("inf")
+        if t1 < 0.0 or t2 < 0.0 or t0 < 0.0 or t0 > hi:
+            solved = _bounded(((a, b, c), (b, d, e), (c, e, f)), (y0, y1, y2), [t0, t1, t2], hi)
+            if solved is None:
+                return
+            t0, t1, t2 = solved
+        self._theta[:] = (t0, t1, t2)
 
     def _relative_weight(self, fit: float, ms: float) -> float:
         """(typical / fit)^2: least squares on relative error, so a 50 ms request counts as
@@ -252,6 +299,8 @@ class ServiceModel:
             "output_fill_ratio": self.fill.route,
             "output_fill_ratio_by_requested": self.fill.statistics(),
             "samples": self.samples,
+            "seeded_samples": self.seeded,
+            "judged": self.judged,
             "mean_abs_relative_error": self.error,
         }
 
@@ -260,6 +309,45 @@ class ServiceModel:
         return (
             f"<ServiceModel {a:.1f} + {b:.4f}*prompt + {c:.3f}*output ms, fill={self.fill.route:.2f}, n={self.samples}>"
         )
+
+
+def _bounded(m, y, theta: list[float], base_max: float) -> tuple[float, float, float] | None:
+    """Least squares theta with 0 <= theta[1], theta[2] and 0 <= theta[0] <= base_max: fix each
+    coefficient past its bound at the bound, re-solve the others (active set, <= 3 rounds)."""
+    lo, hi = (0.0, 0.0, 0.0), (base_max, float("inf"), float("inf"))
+    fixed: dict[int, float] = {}
+    for _ in range(3):
+        for i in range(3):
+            if i not in fixed and not lo[i] <= theta[i] <= hi[i]:
+                fixed[i] = min(max(theta[i], lo[i]), hi[i])
+        free = [i for i in range(3) if i not in fixed]
+        if len(free) == 3:
+            break
+        rhs = [y[i] - sum(m[i][j] * v for j, v in fixed.items()) for i in free]
+        sub = _solve_small([[m[i][j] for j in free] for i in free], rhs)
+        if sub is None:
+            return None
+        theta = [fixed.get(i, 0.0) for i in range(3)]
+        for i, v in zip(free, sub, strict=True):
+            theta[i] = v
+        if all(lo[i] <= theta[i] <= hi[i] for i in free):
+            break
+    else:
+        theta = [min(max(theta[i], lo[i]), hi[i]) for i in range(3)]
+    return theta[0], theta[1], theta[2]
+
+
+def _solve_small(m: list[list[float]], y: list[float]) -> list[float] | None:
+    """Solve a 0x0, 1x1 or 2x2 system (Cramer); None when singular."""
+    if not m:
+        return []
+    if len(m) == 1:
+        return [y[0] / m[0][0]] if m[0][0] > 0.0 else None
+    (p, q), (r, s) = m
+    det = p * s - q * r
+    if not det > 0.0:
+        return None
+    return [(s * y[0] - q * y[1]) / det, (p * y[1] - r * y[0]) / det]
 
 
 class ServiceModels:
@@ -283,9 +371,43 @@ class ServiceModels:
         self._models, self._settings = models, settings
         self._routes = {r.path_prefix: r for r in routes}
 
-    def expected_ms(self, route: str, prompt_tokens: int, requested_output_tokens: int, fallback: float) -> float:
+    def expected_ms(
+        self, route: str, prompt_tokens: int, requested_output_tokens: int, fallback: float, now: float | None = None
+    ) -> float:
         model = self._models.get(route)
-        return fallback if model is None else model.expected_ms(prompt_tokens, requested_output_tokens)
+        return fallback if model is None else model.expected_ms(prompt_tokens, requested_output_tokens, now)
+
+    def floor_ms(self, route: str, prompt_tokens: int, requested_output_tokens: int, now: float) -> float:
+        """The censored floor for this shape now (0 when nothing was cut)."""
+        model = self._models.get(route)
+        if model is None:
+            return 0.0
+        return model.floors.floor_ms(shape_bucket(prompt_tokens, requested_output_tokens), now)
+
+    def judged(self, route: str) -> bool:
+        """Whether the route's model has more than priors to go on (unknown routes: judged)."""
+        model = self._models.get(route)
+        return model is None or model.judged
+
+    def censored(self, route: str, prompt_tokens: int, requested_output_tokens: int, cut_ms: float, now: float) -> bool:
+        """A request cut after `cut_ms` upstream; True when it raised a floor."""
+        model = self._models.get(route)
+        return model is not None and model.observe_censored(prompt_tokens, requested_output_tokens, cut_ms, now)
+
+    def seed(self, route: str, prompt_tokens: int, requested_output_tokens: int, ms: float, now: float) -> None:
+        """A warm-up probe of this shape took `ms`: a sample before any real traffic."""
+        model = self._models.get(route)
+        if model is None:
+            return
+        self.learn(
+            route,
+            prompt_tokens,
+            requested_output_tokens,
+            model.expected_ms(prompt_tokens, requested_output_tokens),
+            ms,
+            now=now,
+        )
+        model.seeded += 1
 
     def fill(self, route: str, requested_output_tokens: int | None = None) -> float:
         """Learned generated / requested output ratio for `route` (1.0 if unknown), for
@@ -302,6 +424,7 @@ class ServiceModels:
         ms: float,
         observed_prompt: int | None = None,
         observed_output: int | None = None,
+        now: float | None = None,
     ) -> None:
         """A finished request: the estimate made at arrival, and what the upstream reported."""
         model = self._models.get(route)
@@ -314,9 +437,16 @@ class ServiceModels:
         else:  # unknown: assume the usual share of what was asked for
             output = round(requested_output_tokens * model.fill.ratio(requested_output_tokens))
         model.observe(prompt, output, ms, expected_ms)
+        if now is not None:
+            model.floors.completed(shape_bucket(prompt_tokens, requested_output_tokens), ms, now)
 
-    def statistics(self) -> dict:
-        return {route: m.statistics() for route, m in self._models.items()}
+    def statistics(self, now: float | None = None) -> dict:
+        out = {}
+        for route, m in self._models.items():
+            out[route] = stats = m.statistics()
+            if now is not None:
+                stats["censored"] = m.floors.statistics(now)
+        return out
 
     def __repr__(self) -> str:
         return f"<ServiceModels {list(self._models)}>"

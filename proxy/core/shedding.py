@@ -23,6 +23,15 @@ weights[0] == 1 and non-increasing (see `class_weights`). The rules, in order:
    priority: the short waits of the interactive requests being served kept its minimum
    low, so batch waited out its deadline in the queue (bench/overload at 2x: 97 batch
    requests answered 504 after ~9 s instead of 503 with Retry-After at arrival).
+   In the backend's own time scale (issue 12: a 500 ms target is meaningless when one
+   request takes seconds, and CoDel shed a quarter of a 4-client closed loop): target
+   = max(codel_target_ms, target_p50_ratio x observed p50 service time), interval =
+   max(codel_interval_ms, interval_p99_ratio x observed p99), the policy's values
+   being floors. And CoDel never sheds a request whose deadline the queue ahead of it
+   would drain within (`in_time`: the deadline check found it meetable): such a queue
+   is doing its job, so a closed loop of N clients that the queue can hold within
+   their deadlines is never shed. Requests without a deadline have nothing to drain
+   within, and CoDel judges them as before.
 Class order holds by construction: ahead_r grows with r while every threshold shrinks
 (and a class is CoDel-shed whenever one above it is), so under one snapshot, if class r
 is shed, every class below it is too. Each rule is O(1) or O(classes), allocation-free
@@ -74,6 +83,8 @@ class LoadSnapshot:
     gpu_memory_fraction: float = 0.0  # in [0, 1], from the GPU sampler; 0 when unknown
     # head_wait_ms per class rank; () when the caller does not say (then head_wait_ms for each)
     head_wait_by_class: tuple[float, ...] = ()
+    service_p50_ms: float = 0.0  # observed service time of completed requests; 0 when unknown
+    service_p99_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,14 +106,19 @@ class ShedConfig:
     max_queued: int | None = 1024
     gpu_memory_high_water: float | None = 0.95
     saturation_growth_ratio: float | None = 0.5
-    codel_target_ms: float | None = 50.0
-    codel_interval_ms: float = 500.0
+    codel_target_ms: float | None = 50.0  # a floor once the service time is known
+    codel_interval_ms: float = 500.0  # a floor, as the target
+    codel_target_p50_ratio: float = 0.0  # target >= this x observed p50 service time (0: fixed)
+    codel_interval_p99_ratio: float = 0.0  # interval >= this x observed p99 service time (0: fixed)
 
 
 @dataclass(frozen=True, slots=True)
 class ShedStatistics:
     shed: dict[str, int] = field(default_factory=dict)  # by reason
     codel: tuple[CoDelStatistics, ...] | None = None  # per class rank
+    codel_target_ms: float | None = None  # in force now (scaled to the service time)
+    codel_interval_ms: float | None = None
+    codel_spared: int = 0  # arrivals a dropping CoDel let through: their deadline held
 
 
 class Shedder:
@@ -122,16 +138,36 @@ class Shedder:
             None if target is None else tuple(CoDel(target, config.codel_interval_ms) for _ in range(self.n_classes))
         )
         self._shed = {reason: 0 for reason in (Reason.QUEUE_FULL, Reason.GPU_PRESSURE, Reason.OVERLOADED)}
+        self._scale = (0.0, 0.0)  # the (p50, p99) the CoDels were last tuned to
+        self.spared = 0  # arrivals CoDel would have shed, spared because their deadline holds
 
     def on_dequeue(self, wait_ms: float, rank: int, now: float) -> None:
         """Feed the class's CoDel the wait of each of its requests that leaves the queue."""
         if self.codels is not None:
             self.codels[rank].observe(wait_ms, now)
 
-    def check(self, snap: LoadSnapshot, rank: int, now: float) -> Reject | None:
-        """None to go on, or why this class-`rank` arrival is shed."""
+    def codel_scale(self, p50_ms: float, p99_ms: float) -> tuple[float, float]:
+        """(target_ms, interval_ms) for an observed service time (the policy's values as floors)."""
+        c = self.config
+        target = max(c.codel_target_ms or 0.0, c.codel_target_p50_ratio * p50_ms)
+        interval = max(c.codel_interval_ms, c.codel_interval_p99_ratio * p99_ms, target)
+        return target, interval
+
+    def _retune(self, snap: LoadSnapshot, now: float) -> None:
+        scale = (snap.service_p50_ms, snap.service_p99_ms)
+        if scale == self._scale or self.codels is None:
+            return
+        self._scale = scale
+        target, interval = self.codel_scale(*scale)
+        for codel in self.codels:
+            codel.retune(target, interval, now)
+
+    def check(self, snap: LoadSnapshot, rank: int, now: float, in_time: bool = False) -> Reject | None:
+        """None to go on, or why this class-`rank` arrival is shed. `in_time`: its deadline
+        holds with the queue ahead of it (CoDel spares it)."""
         codels = self.codels
         if codels is not None:
+            self._retune(snap, now)
             waits = snap.head_wait_by_class or (snap.head_wait_ms,) * len(codels)
             for codel, wait_ms in zip(codels, waits, strict=False):
                 codel.observe(wait_ms, now)
@@ -142,8 +178,11 @@ class Shedder:
             return self._reject(Reason.GPU_PRESSURE, "GPU memory is under pressure", ahead, snap)
         if self._growth_cap is not None and self._saturated(snap, self._growth_cap[rank]):
             return self._reject(Reason.OVERLOADED, "the model server is saturated", ahead, snap)
-        if codels is not None and (any(codels[k].dropping for k in range(rank)) or codels[rank].take_drop(now)):
-            return self._reject(Reason.OVERLOADED, "requests are queueing too long", ahead, snap)
+        if codels is not None and (any(codels[k].dropping for k in range(rank)) or codels[rank].dropping):
+            if in_time:
+                self.spared += 1
+            elif any(codels[k].dropping for k in range(rank)) or codels[rank].take_drop(now):
+                return self._reject(Reason.OVERLOADED, "requests are queueing too long", ahead, snap)
         return None
 
     @staticmethod
@@ -161,7 +200,10 @@ class Shedder:
 
     def statistics(self) -> ShedStatistics:
         codel = None if self.codels is None else tuple(c.statistics() for c in self.codels)
-        return ShedStatistics({r.value: n for r, n in self._shed.items()}, codel)
+        target = interval = None
+        if self.codels:
+            target, interval = self.codels[0].target_ms, self.codels[0]._interval_s * 1000.0
+        return ShedStatistics({r.value: n for r, n in self._shed.items()}, codel, target, interval, self.spared)
 
     def __repr__(self) -> str:
         return f"Shedder(classes={self.n_classes}, shed={ {r.value: n for r, n in self._shed.items()} }, codel={self.codels!r})"
@@ -184,7 +226,8 @@ def arrival_verdict(
         if wait_s:
             retry = shedder.retry_after(wait_s * 1000.0)
             return Reject(Reason.TENANT_QUOTA, retry, "this tenant is over its request quota")
-    verdict = shedder.check(snap, rank, now)
+    in_time = isinstance(deadline, dl.Meetable) and math.isfinite(deadline.completion)
+    verdict = shedder.check(snap, rank, now, in_time)
     if verdict is None and isinstance(deadline, dl.Unmeetable) and on_unmeetable == "reject":
         retry = None if deadline.retry_after_ms is None else shedder.retry_after(deadline.retry_after_ms)
         verdict = Reject(Reason.DEADLINE_UNMEETABLE, retry, _unmeetable_message(deadline))

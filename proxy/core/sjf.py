@@ -11,12 +11,22 @@ time-varying key does at every instant, and a plain heap is exact
 (`aging` = aging_ms_per_s / 1000, in ms of key per ms waited).
 FCFS is the same heap keyed by the arrival sequence number.
 
-Starvation bound: past its class's `max_queue_wait_ms` an entry is overdue and
-goes to the front. A FIFO per class (arrival order = overdue order, since the
-bound is per class) gives the oldest entry in O(1); callers check overdue heads
-before the heap (`overdue`). Removal is lazy: an entry is marked dead and skipped
-when it reaches a head; the structures are rebuilt when dead entries outnumber
-live ones, so memory stays O(live).
+Starvation bound, in the backend's terms (issue 12: a fixed 10 s let long
+requests on a serial server wait 1.8x what FCFS gave them): an entry is due at
+
+    due_at = min(enqueued + max_wait_s, fcfs_due)
+
+where `fcfs_due` is its arrival plus a multiple of the wait FCFS would have given
+it (the work ahead of it at arrival over the parallelism; the caller computes
+it, see Waitline.push), or earlier when its deadline leaves less slack, and
+max_wait_s the class's absolute backstop. Past due_at the entry is overdue and
+goes to the front, overdue entries oldest first: SJF may reorder as it likes,
+but nobody waits much more than FCFS would have made it wait. A heap per class
+by due_at says when the next entry falls due; entries past it move to a heap
+by arrival sequence, whose top is the class's oldest overdue entry (O(log n)
+each); a FIFO gives the oldest entry (head wait, statistics). Removal is lazy: an entry is
+marked dead and skipped when it reaches a head; the structures are rebuilt when
+dead entries outnumber live ones, so memory stays O(live).
 
 Between classes, `ClassPicker` orders the classes that have someone waiting:
 "strict" by priority (then name); "weighted" by smooth weighted round robin
@@ -28,19 +38,22 @@ picker is only charged (`commit`) for a pick actually admitted.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 
 
 class Entry:
     """A queued ticket; mutable only in `alive` (lazy deletion)."""
 
-    __slots__ = ("alive", "enqueued_at", "key", "seq", "ticket")
+    __slots__ = ("alive", "due_at", "enqueued_at", "fcfs_due", "key", "seq", "ticket")
 
-    def __init__(self, ticket, enqueued_at: float, seq: int) -> None:
+    def __init__(self, ticket, enqueued_at: float, seq: int, fcfs_due: float = math.inf) -> None:
         self.ticket = ticket
         self.enqueued_at = enqueued_at
         self.seq = seq
         self.key = 0.0
+        self.fcfs_due = fcfs_due  # arrival + a multiple of the FCFS wait it faced (inf: no such bound)
+        self.due_at = math.inf  # min(fcfs_due, enqueued_at + its class's max wait); set by the queue
         self.alive = True
 
     def __repr__(self) -> str:
@@ -64,7 +77,9 @@ def sjf_key(expected_ms: float, enqueued_at: float, aging_ms_per_s: float) -> fl
 class ClassQueue:
     __slots__ = (
         "_bucket_ms",
+        "_due",
         "_fifo",
+        "_overdue",
         "_heap",
         "aging_ms_per_s",
         "backlog_ms",
@@ -80,6 +95,8 @@ class ClassQueue:
         self.aging_ms_per_s = aging_ms_per_s
         self.max_wait_s = max_wait_s
         self._heap: list[tuple[float, int, Entry]] = []
+        self._due: list[tuple[float, int, Entry]] = []  # not yet overdue, by due_at
+        self._overdue: list[tuple[int, Entry]] = []  # past due_at, by arrival
         self._fifo: deque[Entry] = deque()
         self.live = 0
         self.backlog_ms = 0.0  # sum of expected_ms of live entries
@@ -90,7 +107,9 @@ class ClassQueue:
 
     def push(self, entry: Entry) -> None:
         entry.key = self._key(entry)
+        entry.due_at = min(entry.fcfs_due, entry.enqueued_at + self.max_wait_s)
         heapq.heappush(self._heap, (entry.key, entry.seq, entry))
+        heapq.heappush(self._due, (entry.due_at, entry.seq, entry))
         self._fifo.append(entry)
         self.live += 1
         self.backlog_ms += entry.ticket.expected_ms
@@ -108,16 +127,49 @@ class ClassQueue:
             heapq.heappop(heap)
         return heap[0][2] if heap else None
 
+    def best_passing(self, skip) -> Entry | None:
+        """The best live entry for which `skip(entry)` is false. O(1) when the best passes (the
+        usual case); else one sorted scan of the heap (held entries are rare: a route's first
+        requests, until its first answer)."""
+        best = self.best()
+        if best is None or not skip(best):
+            return best
+        for _, _, e in sorted(self._heap):
+            if e.alive and not skip(e):
+                return e
+        return None
+
     def oldest(self) -> Entry | None:
         fifo = self._fifo
         while fifo and not fifo[0].alive:
             fifo.popleft()
         return fifo[0] if fifo else None
 
-    def overdue_at(self) -> float | None:
-        """When the oldest live entry becomes (or became) overdue."""
-        head = self.oldest()
-        return None if head is None else head.enqueued_at + self.max_wait_s
+    def _promote(self, now: float) -> None:
+        due, overdue = self._due, self._overdue
+        while due and (not due[0][2].alive or due[0][0] <= now):
+            _, seq, e = heapq.heappop(due)
+            if e.alive:
+                heapq.heappush(overdue, (seq, e))
+
+    def overdue_head(self, now: float) -> Entry | None:
+        """The oldest live entry past its due time at `now`."""
+        self._promote(now)
+        overdue = self._overdue
+        while overdue and not overdue[0][1].alive:
+            heapq.heappop(overdue)
+        return overdue[0][1] if overdue else None
+
+    def overdue_at(self, now: float | None = None) -> float | None:
+        """When the next live entry falls (or fell: -inf) due."""
+        if now is not None and self.overdue_head(now) is not None:
+            return -math.inf
+        due = self._due
+        while due and not due[0][2].alive:
+            heapq.heappop(due)
+        if due:
+            return due[0][0]
+        return -math.inf if any(e.alive for _, e in self._overdue) else None
 
     def remove(self, entry: Entry) -> None:
         """Take a live entry out (admitted, cancelled, expired)."""
@@ -153,13 +205,21 @@ class ClassQueue:
         live = self.entries()
         for e in live:
             e.key = self._key(e)
+            e.due_at = min(e.fcfs_due, e.enqueued_at + max_wait_s)
         self._heap = [(e.key, e.seq, e) for e in live]
         heapq.heapify(self._heap)
+        self._due = [(e.due_at, e.seq, e) for e in live]
+        heapq.heapify(self._due)
+        self._overdue = []
         self._fifo = deque(live)
 
     def _compact(self) -> None:
         self._heap = [item for item in self._heap if item[2].alive]
         heapq.heapify(self._heap)
+        self._due = [item for item in self._due if item[2].alive]
+        heapq.heapify(self._due)
+        self._overdue = [item for item in self._overdue if item[1].alive]
+        heapq.heapify(self._overdue)
         self._fifo = deque(e for e in self._fifo if e.alive)
 
     def __repr__(self) -> str:

@@ -10,9 +10,12 @@ could no longer finish in time) for classes with on_unmeetable = "reject"; the
 deadline itself for "try" classes, which accept a late finish over no answer.
 
 `candidates(now)` is the order in which entries are offered a slot: first the
-heads that are overdue (waited past their class's max_queue_wait_ms; oldest
-overdue first, whatever the class), then each waiting class's best entry in
-picker order. `configure` applies a new policy and keeps every entry (re-keyed;
+entries that are overdue (past their due time: a multiple of the FCFS wait they
+faced at arrival, or their class's max_queue_wait_ms; earliest due first,
+whatever the class), then each waiting class's best entry in picker order.
+`push(..., fcfs_wait_ms)` takes the FCFS wait the caller estimated for the
+arrival (the controller: the work ahead of it over the parallelism) and sets
+its due time at `scheduling.fcfs_wait_multiple` times that (0: off). `configure` applies a new policy and keeps every entry (re-keyed;
 entries of a class that no longer exists move to the default class).
 """
 
@@ -21,13 +24,14 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
+import math
 from collections.abc import Iterator
 
 from proxy.core.sjf import ClassPicker, ClassQueue, Entry
 
 
 class Waitline:
-    __slots__ = ("_entries", "_expiry", "_seq", "classes", "default_class", "picker", "queues")
+    __slots__ = ("_entries", "_expiry", "_fcfs_multiple", "_seq", "classes", "default_class", "picker", "queues")
 
     def __init__(self, scheduling, classes: dict) -> None:
         self._entries: dict[int, Entry] = {}
@@ -39,6 +43,7 @@ class Waitline:
     def configure(self, scheduling, classes: dict, now: float) -> None:
         self.classes = dict(classes)
         self.default_class = scheduling.default_class
+        self._fcfs_multiple = scheduling.fcfs_wait_multiple
         self.picker = ClassPicker(scheduling.class_mode, self.classes)
         old = sorted(self._entries.values(), key=lambda e: e.seq)
         self.queues = {
@@ -50,7 +55,7 @@ class Waitline:
             t = e.ticket
             if t.klass not in self.queues:
                 t = dataclasses.replace(t, klass=self.default_class)
-            self.push(t, now, e.enqueued_at, e.seq)
+            self.push(t, now, e.enqueued_at, e.seq, fcfs_due=e.fcfs_due)
 
     # --- membership -------------------------------------------------------
 
@@ -67,12 +72,33 @@ class Waitline:
         q = self.queues.get(klass)
         return 0 if q is None else q.live
 
-    def push(self, ticket, now: float, enqueued_at: float | None = None, seq: int | None = None) -> Entry:
-        entry = Entry(
-            ticket,
-            now if enqueued_at is None else enqueued_at,
-            next(self._seq) if seq is None else seq,
-        )
+    def push(
+        self,
+        ticket,
+        now: float,
+        enqueued_at: float | None = None,
+        seq: int | None = None,
+        *,
+        fcfs_wait_ms: float | None = None,
+        slot_ms: float = 0.0,
+        fcfs_due: float | None = None,
+    ) -> Entry:
+        """Queue `ticket`. Its due time (the starvation bound) is `fcfs_wait_multiple` x
+        `fcfs_wait_ms` after arrival, or, when its deadline leaves less room, its FCFS start
+        (arrival + fcfs_wait_ms) plus half the slack FCFS would leave it (expiry - slot_ms - FCFS
+        start; `slot_ms`: how long a slot takes to free). Both grow with the FCFS wait, so among
+        requests with one budget the due order is the arrival order, and overdue entries go
+        oldest first: reordering does not cost a request a deadline FCFS would have met."""
+        enq = now if enqueued_at is None else enqueued_at
+        if fcfs_due is None:
+            fcfs_due = math.inf
+            if fcfs_wait_ms is not None and self._fcfs_multiple > 0:
+                fcfs_due = enq + self._fcfs_multiple * fcfs_wait_ms / 1000.0
+                expires = self.expires_at(ticket)
+                if expires is not None:
+                    start = enq + fcfs_wait_ms / 1000.0
+                    fcfs_due = min(fcfs_due, start + (expires - slot_ms / 1000.0 - start) / 2.0)
+        entry = Entry(ticket, enq, next(self._seq) if seq is None else seq, fcfs_due)
         self.queues[ticket.klass].push(entry)
         self._entries[ticket.id] = entry
         at = self.expires_at(ticket)
@@ -119,16 +145,28 @@ class Waitline:
     def waiting(self) -> set[str]:
         return {name for name, q in self.queues.items() if q.live}
 
-    def candidates(self, now: float) -> Iterator[tuple[Entry, bool]]:
-        """(entry, is_weighted_pick), best first: overdue heads, then class heads in picker order."""
+    def candidates(self, now: float, skip=None) -> Iterator[tuple[Entry, bool]]:
+        """(entry, is_weighted_pick), best first: overdue heads, then class heads in picker order.
+        With `skip`, an entry it says to skip is passed over and the next best of its class
+        offered instead (held entries: they wait without holding their class up)."""
         overdue = sorted(
-            (at, q.name) for q in self.queues.values() if q.live and (at := q.overdue_at()) is not None and at <= now
+            (head.seq, q.name, head)
+            for q in self.queues.values()
+            if q.live and (head := q.overdue_head(now)) is not None
         )
-        for _, name in overdue:
-            yield self.queues[name].oldest(), False
+        for _, _, head in overdue:
+            if skip is None or not skip(head):
+                yield head, False
         weighted = self.picker.mode == "weighted"
         for rank, name in enumerate(self.picker.order(self.waiting())):
-            yield self.queues[name].best(), weighted and rank == 0
+            q = self.queues[name]
+            entry = q.best() if skip is None else q.best_passing(skip)
+            if entry is not None:
+                yield entry, weighted and rank == 0
+
+    def backlog_ms(self) -> float:
+        """Expected ms of all waiting work, every class."""
+        return sum(q.backlog_ms for q in self.queues.values())
 
     def commit(self, klass: str) -> None:
         """The weighted pick `klass` was admitted: charge the picker (before removing it)."""

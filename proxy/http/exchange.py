@@ -6,17 +6,27 @@ handler in the request's own cancel scope and turns every way a handler can end
 into an answer on the wire:
 
     returned, response complete          -> nothing to do
-    raised BodyTooLarge / ProtocolError   -> 413 / 400 if nothing was sent
+    raised BodyTooLarge / RequestTimeout
+      / ProtocolError                     -> 413 / 408 / 400 if nothing was sent
     raised anything else, or returned
       without finishing                  -> 500 if nothing was sent, else abort
     client gone (scope cancelled)        -> nothing can be said; stop
 
 `ServerContext` is what every connection of one `Server` shares: the handler, the
-limits, statistics counters and the Prometheus children bound once (never per
-request). `metrics=None` leaves only the counters, so tests need no registry.
+limits, the `Patrol` (phase deadlines, eviction, hung-up clients: proxy/http/patrol.py),
+statistics counters and the Prometheus children bound once (never per request).
+`metrics=None` leaves only the counters, so tests need no registry.
 Its `events` log (proxy/http/ratelog.py) is where every client-caused event is
 logged: one line per event with the peer, at a rate no client can raise; a handler
 that fails (a real bug a client may trigger at will) logs its traceback that way.
+
+A request body is read under two bounds when the handler has to wait for bytes
+(`BufferedBody.deadline` and `timeout_s`, set by the connection): the request's own
+deadline (x-request-timeout-ms / grpc-timeout, parsed from the head: it applies
+while the body is read, not only once it is) and listen.body_timeout_s between
+one wait's start and the next bytes. Past either, the read raises RequestTimeout
+(answered 408). A body that came with its head costs neither a clock read nor a
+scope.
 
 Invariants: the body buffer never holds more than the connection allowed (h1 reader
 backpressure, h2 flow-control window); a handler exception never escapes a
@@ -27,18 +37,23 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 import trio
 
-from proxy.errors import BodyTooLarge, ClientGone, ProtocolError, ResponseCut
-from proxy.http.messages import Handler, Request
+from proxy.core import wire
+from proxy.errors import BodyTooLarge, ClientGone, ProtocolError, RequestTimeout, ResponseCut
+from proxy.http.messages import Handler, Headers, Request
+from proxy.http.patrol import Patrol
 from proxy.http.ratelog import RateLimitedLog
 from proxy.policy.schema import Listen
 from proxy.runtime.metrics import Metrics
 
 log = logging.getLogger("rampmeter.server")
+_TIMEOUT = wire.REQUEST_TIMEOUT_MS.encode()
+_GRPC_TIMEOUT = wire.GRPC_TIMEOUT.encode()
 
 TEXT_PLAIN = [(b"content-type", b"text/plain; charset=utf-8")]
 # The peer of the connection the running task serves: set once per connection by the server
@@ -55,6 +70,7 @@ class ServerContext:
         self.handler = handler
         self.limits = limits
         self.metrics = metrics
+        self.patrol = Patrol(self)
         self.draining = False
         self.requests_in_flight = 0
         self.requests_total = 0
@@ -132,14 +148,18 @@ class BufferedBody:
         "_parts",
         "complete",
         "content_length",
+        "deadline",
         "limit",
         "received",
         "started",
+        "timeout_s",
     )
 
     def __init__(self, content_length: int | None, limit: int) -> None:
         self.content_length = content_length
         self.limit = limit
+        self.deadline = math.inf  # the request's own deadline, when it has one (module doc)
+        self.timeout_s = math.inf  # longest wait for more bytes
         self.received = 0  # bytes fed, whether consumed or not
         self.complete = False  # the peer finished the body (or it was empty)
         self.started = False
@@ -187,9 +207,7 @@ class BufferedBody:
             elif self.complete:
                 return
             else:
-                if self._lot is None:
-                    self._lot = trio.lowlevel.ParkingLot()
-                await self._lot.park()
+                await self._wait()
 
     async def read_all(self) -> bytes:
         if self.complete and not self.started and self._error is None:
@@ -205,11 +223,48 @@ class BufferedBody:
         parts = [chunk async for chunk in self.chunks()]
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    async def _wait(self) -> None:
+        """Until the reader fed more (or failed the body), within `deadline` and `timeout_s`."""
+        if self._lot is None:
+            self._lot = trio.lowlevel.ParkingLot()
+        if self.deadline == math.inf and self.timeout_s == math.inf:
+            await self._lot.park()
+            return
+        with trio.move_on_at(self.wait_until()) as waited:
+            await self._lot.park()
+        if waited.cancelled_caught:
+            self.fail(self.timed_out())
+
+    def wait_until(self) -> float:
+        return min(self.deadline, trio.current_time() + self.timeout_s)
+
+    def timed_out(self) -> RequestTimeout:
+        if trio.current_time() >= self.deadline:
+            return RequestTimeout("the request's deadline passed while its body was being received")
+        return RequestTimeout(f"no request body bytes for {self.timeout_s:g}s")
+
     async def _first_read(self) -> None:
         pass
 
     def _consumed(self, size: int, flow_len: int) -> None:
         pass
+
+
+def request_deadline(headers: Headers, received_at: float) -> float:
+    """The absolute deadline a request's x-request-timeout-ms / grpc-timeout gives; inf if none (or unreadable).
+
+    A malformed value is not this layer's to refuse: classification answers it 400 once
+    the body is read. Only for bodies that must be waited for (module doc).
+    """
+    for name, value in headers:
+        try:
+            if name == _TIMEOUT:
+                return received_at + wire.parse_timeout_ms(value) / 1000.0
+            if name == _GRPC_TIMEOUT:
+                return received_at + wire.parse_grpc_timeout_ms(value) / 1000.0
+        except wire.HeaderError:
+            return math.inf
+    return math.inf
 
 
 class Sink:
@@ -231,11 +286,12 @@ async def run_exchange(
     request: Request,
     sink: Sink,
     scope: trio.CancelScope | None,
-) -> None:
+) -> float:
     """Run `handler` in `scope` (which the reader cancels when the client goes) and finish the answer.
 
     `scope=None`: the caller's own task scope plays that part (h1: one per connection), and
-    a cancellation propagates from here after the bookkeeping.
+    a cancellation propagates from here after the bookkeeping. Returns when it ended
+    (trio time), for callers that keep time per request.
     """
     ctx.requests_in_flight += 1
     try:
@@ -245,7 +301,9 @@ async def run_exchange(
     finally:
         ctx.requests_in_flight -= 1
         code = CLIENT_CLOSED if request.client_gone else sink.status
-        ctx.request_done(protocol, code, trio.current_time() - request.received_at, request.klass)
+        ended = trio.current_time()
+        ctx.request_done(protocol, code, ended - request.received_at, request.klass)
+    return ended
 
 
 async def _call_handler(
@@ -260,6 +318,9 @@ async def _call_handler(
                 await handler(request, sink)
     except BodyTooLarge as exc:
         return 413, f"request body larger than {exc.limit} bytes"
+    except RequestTimeout as exc:
+        ctx.protocol_error("body_timeout", str(exc), request.client)
+        return 408, str(exc)
     except ClientGone:
         ctx.client_gone(request)
         return None

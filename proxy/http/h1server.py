@@ -1,63 +1,83 @@
-"""One HTTP/1.1 server connection, on h11: keep-alive, chunked both ways, 100-continue, HTTP/1.0.
+"""One HTTP/1.1 server connection, one task: read, parse, handle, write; keep-alive, pipelining, 100-continue.
 
-Theory of operation: two tasks per connection, each owning one direction of the
-socket, so trio never sees two receivers or two senders:
+Theory of operation: `run()` is the connection's only task. It first tells an
+HTTP/2 prior-knowledge client from an HTTP/1.1 one (the first bytes either are
+or cannot be the h2 preface; for h2 it hands them back in `h2_initial` and
+leaves the socket to `h2server`). Then it loops: read, feed the parser
+(`h1parse.RequestParser`, whose events come out in order), and for each request
+head run the exchange in this same task (`run_exchange`): the handler reads the
+body through `H1Body`, which pulls more bytes from the socket only when the
+handler asks (so a body is never buffered beyond one read, and there is no
+reader to pause), and writes its answer through `H1Sink`. Pipelined requests
+wait in the parser's events until the one before is answered.
 
-- the reader owns the receive side and h11's parser. It parses a head, hands the
-  `Request` to the worker, feeds the body into the request's `H1Body` (pausing
-  while more than HIGH_WATER bytes wait unread) and then keeps reading. Reading
-  on after the body is what notices a client that disconnects while its request
-  is handled: EOF sets `request.client_gone` and cancels the worker (and so the
-  handler) at once. Bytes of a pipelined next request make h11 PAUSE; the reader
-  waits for the worker to finish the cycle.
-- the worker runs one exchange at a time (`run_exchange`) and owns the send side:
-  the handler's `H1Sink` writes from it, `respond()` in one write.
+What two tasks per connection used to do, without the second task and its two
+hand-offs per request (issue 15 measured 46 us of trio per request for them):
 
-Socket I/O goes through `sockio` (trio's semantics without its per-call yield):
-between requests the reader waits for readability and then reads once; a
-response is written straight into the socket when the kernel takes it whole.
+- timeouts: the connection tells the server's `Patrol` its phase (head due,
+  idle, waiting for body bytes, running) with an O(1) call, and the patrol
+  cancels the connection's one scope when a phase runs out: a stalled head gets
+  408 (header_timeout_s from accept, or from the head's first byte on a kept
+  connection), an idle keep-alive connection is closed quietly. A body the
+  handler waits for is read under the request's own deadline and
+  body_timeout_s (exchange.BufferedBody); past them the answer is 408.
+- a client that hangs up mid-request: the patrol starts a watcher for requests
+  still running after patrol.WATCH_AFTER_S; it waits for the socket to become
+  readable and peeks: EOF or a reset sets `request.client_gone` and cancels the
+  connection's scope, and with it the handler and its upstream exchange. Bytes
+  (a pipelined request) end the watch. Short requests never pay for one.
+- the connection limit: the patrol can pick this connection as the one to close
+  to make room (`expire("evicted")`) whenever it is not running a handler.
 
-Timeouts apply to the reader, with a deadline that follows the phase table
-below: idle keep-alive (idle_timeout_s, then a silent close), head started
-(header_timeout_s from the first byte, or from accept on a fresh connection, then
-408), request in progress (none here: the handler's own deadline rules).
+Socket I/O goes through `sockio`: between requests the connection waits for
+readability and then reads once; a response is written straight into the socket
+when the kernel takes it whole.
 
 A response may end before the request body does (413, an early answer): the
 connection then closes, after a short lingering read so that the client sees the
 answer rather than a reset.
 
-Why h11: it is the maintained sans-IO HTTP/1.1 implementation and gets framing,
-100-continue, pipelining and HTTP/1.0 right. It is also the largest single cost
-on this path (about a third of the server's CPU per request, see
-bench/server_bench.py); httptools (llhttp) parses a head ~100x faster and is the
-lever to pull if the proxy-wide throughput target needs it.
+Framing (what h11 used to decide) is explicit: `h1parse` for requests (its module
+doc lists every rule), `h1sink` for responses; why httptools rather than h11 is in
+`h1parse`.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
+import math
+import socket
 
-import h11
 import trio
 
 from proxy.errors import ClientGone, ProtocolError
-from proxy.http import h11events, sockio
-from proxy.http.exchange import ServerContext, answer, run_exchange
-from proxy.http.h1sink import HIGH_WATER, H1Body, H1Sink, error_response, reason_phrase
+from proxy.http import sockio
+from proxy.http.exchange import ServerContext, answer, request_deadline, run_exchange
+from proxy.http.h1parse import END, FramingError, RequestHead, RequestParser
+from proxy.http.h1sink import HIGH_WATER, H1Body, H1Sink, error_response
+from proxy.http.h1write import CONTINUE
 from proxy.http.messages import Request
 
+log = logging.getLogger("rampmeter.server")
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 RECEIVE_SIZE = 65_536
 LINGER_S = 1.0  # after an early answer, read and discard this long ...
 LINGER_BYTES = 1_048_576  # ... or this much, so the client reads our answer, not a reset
+ALLOW = b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
 
 
 class Phase(enum.Enum):
-    WAIT_HEAD = "wait_head"  # nothing of the next request yet
+    DETECT = "detect"  # accepted; not yet known to be HTTP/1.1
+    WAIT_HEAD = "wait_head"  # between requests (or before the first), no byte of the next yet
     READ_HEAD = "read_head"  # part of a head received
     IN_REQUEST = "in_request"  # head parsed, exchange running
+    CLOSING = "closing"
 
 
 _PHASES: dict[tuple[Phase, str], Phase] = {
+    (Phase.DETECT, "http1"): Phase.WAIT_HEAD,
     (Phase.WAIT_HEAD, "bytes"): Phase.READ_HEAD,
     (Phase.WAIT_HEAD, "head"): Phase.IN_REQUEST,
     (Phase.READ_HEAD, "head"): Phase.IN_REQUEST,
@@ -75,271 +95,399 @@ def _next_phase(phase: Phase, event: str) -> Phase:
 class H1Connection:
     protocol = "http1"
 
-    def __init__(self, ctx: ServerContext, stream: trio.SocketStream, client: str, accepted_at: float) -> None:
+    def __init__(self, ctx: ServerContext, stream: trio.abc.Stream, client: str, accepted_at: float) -> None:
         self.ctx = ctx
-        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=ctx.limits.max_header_bytes)
         self._stream = stream
         self._io = sockio.wrap(stream)
+        self._sock = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._client = client
-        self._phase = Phase.WAIT_HEAD
-        # When the current phase times out (a plain float: see _read_in_time). A fresh
-        # connection's head counts from accept; a keep-alive one waits idle_timeout_s.
-        self._deadline = accepted_at + ctx.limits.header_timeout_s
-        self._fresh = True
+        self._parser = RequestParser(ctx.limits.max_header_bytes)
+        self._phase = Phase.DETECT
+        # The connection's one scope: the patrol cancels it when a phase runs out or to make
+        # room, a watcher when the client hangs up mid-request. One per connection, never per
+        # request (entering and leaving a scope costs ~17 us, patrol module doc).
+        self._scope = trio.CancelScope()
+        self.expired: str | None = None  # why the scope was cancelled
+        self.evicted = False  # closed to make room for a newcomer (the server counts it)
+        self.since = accepted_at  # kept by the patrol
+        self.requests = 0
+        self.broken = False  # framing lost (aborted or interrupted write, body error): close, never reuse
+        self.h2_initial: bytes | None = None  # the first bytes, when they were the HTTP/2 preface
+        self._detected_bytes = False
+        self._head: RequestHead | None = None
         self._request: Request | None = None
         self._body: H1Body | None = None
-        # The worker's scope, for the whole connection: cancelling it is how a client that
-        # hangs up stops its handler. One scope per connection rather than per request
-        # (entering and leaving a cancel scope costs ~9 us): after a hang-up there is no
-        # next request on this connection for the cancellation to spoil.
-        self._work_scope = trio.CancelScope()
         self._sink = H1Sink(self, False)  # the current exchange's; a finished one until the first request
         self._sink.finished = True
-        self._reject: tuple[int, str] | None = None
-        self._reader_done = False
-        self._nursery: trio.Nursery | None = None
-        self.broken = False  # framing lost (aborted or interrupted write): close, never reuse
-        self.requests = 0
-        self.reader_lot = trio.lowlevel.ParkingLot()  # reader waits: body backpressure, PAUSED
-        self._worker_lot = trio.lowlevel.ParkingLot()
+        self._continue_sent = False
+        self._unread = b""  # bytes a watcher read from a stream it cannot peek at (tests' memory streams)
+        self._watch: trio.CancelScope | None = None
+        self._watch_done: trio.Event | None = None
+        self._watch_wanted = 0  # the request number the patrol asked to watch
+        self._reading = False  # the handler is reading the body (read_body): no watcher reads meanwhile
+        ctx.patrol.head_due(self, accepted_at)
 
     def __repr__(self) -> str:
         state = f"{self._phase.value} requests={self.requests} broken={self.broken}"
         return f"<H1Connection {self._client} {state}>"
 
-    async def run(self, initial: bytes) -> None:
+    @property
+    def detecting(self) -> bool:
+        return self._phase is Phase.DETECT
+
+    async def run(self, initial: bytes | None = None) -> None:
+        """Serve the connection: `initial` bytes first (b"": none); None: tell HTTP/2 apart first (`h2_initial`)."""
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._work)
-                if initial:
-                    self._arrived()
-                    self.h11.receive_data(initial)
-                problem = await self._read_in_time()
-                if problem is not None:
-                    await self._answer_problem(problem)
-                self._reader_done = True
-                self._worker_lot.unpark()
+            with self._scope:
+                await self._serve(initial)
+            await self._after_expiry()
         finally:
-            await self._close()
+            body = self._body
+            # An early answer (413, or a handler that did not read): let the client read it, not a reset.
+            linger = self._phase is Phase.IN_REQUEST and body is not None and not body.complete and not self.broken
+            self._phase = Phase.CLOSING
+            self.ctx.patrol.forget(self)
+            self._stop_watch()
+            if self.h2_initial is None:
+                await self._close(linger)
 
     def drain(self) -> None:
-        """Server shutdown: close now if idle; otherwise the answer says `connection: close`."""
-        if self._phase is Phase.WAIT_HEAD and self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        """Server shutdown: close now if between requests; otherwise the answer says `connection: close`.
 
-    # --- reader ---
-    async def _read_in_time(self) -> bytes | None:
-        """Run the reader under the phase deadlines; returns an answer to send, if any.
-
-        The phase deadline is a plain float (`_deadline`, moved at phase changes for the
-        cost of a store). The scope around the reader is re-entered only when it fires, at
-        the latest every min(header, idle) timeout, which is never later than a deadline
-        that a phase change may set meanwhile. Moving a live scope's deadline per request
-        would cost more than the rest of the reader's bookkeeping together.
+        A head already begun is let finish (the server's drain grace), and answered with close.
         """
-        limits = self.ctx.limits
-        step = min(limits.header_timeout_s, limits.idle_timeout_s)
-        check_at = self._deadline
-        while True:
-            with trio.move_on_at(check_at):
-                return await self._read()  # restartable: it only waits in receive or park
-            now = trio.current_time()
-            if self._phase is Phase.IN_REQUEST:
-                check_at = now + step
-            elif now >= self._deadline:
-                return self._timed_out()
-            else:
-                check_at = min(self._deadline, now + step)
+        if self._phase is Phase.WAIT_HEAD or (self._phase is Phase.DETECT and not self._detected_bytes):
+            self.expire("drain")
 
-    async def _read(self) -> bytes | None:
-        conn = self.h11
+    def expire(self, reason: str) -> None:
+        """Patrol (or drain, or a watcher): end the connection now; `run` answers as `reason` requires."""
+        if self.expired is None:
+            self.expired = reason
+        self._scope.cancel()
+
+    # --- the loop ---
+    async def _serve(self, initial: bytes | None) -> None:
+        data = await self._detect() if initial is None else initial or await self._receive(True)
+        if not data:
+            return
+        self._phase = _next_phase(self._phase, "http1")
+        events = self._parser.events
         while True:
-            try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError as exc:
-                return self._malformed(exc)
-            kind = type(event)
-            if event is h11.NEED_DATA:
-                # Between requests the client is waiting for us: wait, then read once.
-                # Inside a head or body more bytes are probably there already: read first.
-                idle = self._phase is Phase.WAIT_HEAD or conn.their_state is h11.DONE
-                data = await self._receive(idle)
-                if not data:
-                    self._eof()
-                    return None
-                if self._phase is Phase.WAIT_HEAD:
-                    self._arrived()
-                conn.receive_data(data)
-            elif kind is h11.Data:
-                assert self._body is not None
-                if not self._body.feed(event.data):
-                    return None  # past the body cap: the handler hears BodyTooLarge; stop reading
-                while self._body._buffered >= HIGH_WATER:
-                    await self.reader_lot.park()
-            elif kind is h11.Request:
-                self._begin(event)
-            elif kind is h11.EndOfMessage:
-                assert self._body is not None
-                self._body.finish()
-            elif event is h11.PAUSED:
-                await self.reader_lot.park()  # the worker unparks after start_next_cycle()
-            else:  # ConnectionClosed
-                return None
+            self._feed(data)
+            while events:
+                event = events.popleft()
+                if type(event) is RequestHead:
+                    if not await self._exchange(event):
+                        return
+                elif type(event) is FramingError:
+                    await self._refuse(event)
+                    return
+                # else: END / bytes of a body the handler did not read; never kept alive (_next_cycle)
+            # Between requests the client is waiting for us: wait, then read once. Inside a
+            # head more bytes are probably there already: read first.
+            data = await self._receive(self._phase is Phase.WAIT_HEAD)
+            if not data:
+                return
+
+    async def _detect(self) -> bytes:
+        """The first bytes, read until they are, or cannot be, the HTTP/2 preface. b'' on EOF."""
+        buf = b""
+        while len(buf) < len(PREFACE) and PREFACE.startswith(buf):
+            data = await self._receive(True)
+            if not data:
+                return b""
+            buf += data
+            self._detected_bytes = True
+        if buf.startswith(PREFACE):
+            self.h2_initial = buf
+            self.ctx.patrol.forget(self)
+            return b""
+        return buf
+
+    def _feed(self, data: bytes) -> None:
+        parser = self._parser
+        parser.feed(data)
+        if self._phase is Phase.WAIT_HEAD and parser.in_head:
+            self._phase = _next_phase(self._phase, "bytes")
+            if self.requests:  # a kept connection: the head has header_timeout_s from its first byte
+                self.ctx.patrol.head_due(self, trio.current_time())
 
     async def _receive(self, wait_first: bool) -> bytes:
         """Next bytes; b'' on EOF or reset."""
+        if self._unread:
+            data, self._unread = self._unread, b""
+            return data
         try:
             return await self._io.receive(RECEIVE_SIZE, wait_first)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return b""  # reset by peer: as good as EOF
 
-    def _arrived(self) -> None:
-        """First bytes of a head: from now on the head has header_timeout_s to complete."""
-        self._phase = _next_phase(self._phase, "bytes")
-        if not self._fresh:
-            self._deadline = trio.current_time() + self.ctx.limits.header_timeout_s
-
-    def _begin(self, event: h11.Request) -> None:
+    # --- one exchange ---
+    async def _exchange(self, head: RequestHead) -> bool:
+        """Run one request in this task; True if the connection carries on."""
+        now = trio.current_time()
+        ctx = self.ctx
         self._phase = _next_phase(self._phase, "head")
-        received_at = trio.current_time()
-        headers = h11events.header_list(event.headers)
-        limits = self.ctx.limits
-        length = host = None
-        chunked = False
-        head_size = len(event.target)
-        for name, value in headers:  # one pass: h11 validated framing, we pick what we need
-            head_size += len(name) + len(value) + 4
-            if name == b"content-length":
-                length = value
-            elif name == b"transfer-encoding":
-                chunked = True
-            elif name == b"host":
-                host = value
-        content_length = None if chunked else int(length or 0)
-        self._body = H1Body(self, content_length, limits.max_body_bytes)
-        # The exchange's sink from the head on, not from when the worker starts: an EOF read
-        # before then (head, part of a body and FIN in one read) must see an unfinished answer,
-        # or `_eof` takes the client for gone-after-answer and the exchange waits for ever.
-        self._sink = H1Sink(self, event.method == b"HEAD")
-        self._reject = None
-        if head_size > limits.max_header_bytes:
-            self.ctx.protocol_error("h1_header_too_large", f"{head_size} byte head")
-            self._reject = (431, f"request head larger than {limits.max_header_bytes} bytes")
-        elif content_length is not None and content_length > limits.max_body_bytes:
-            self._reject = (413, f"request body larger than {limits.max_body_bytes} bytes")
-        self._request = Request(
-            event.method,
-            event.target,
-            headers,
-            self._body,
-            authority=host or b"",
-            http_version=event.http_version.decode(),
-            client=self._client,
-            received_at=received_at,
-        )
-        self._worker_lot.unpark()
-
-    def _eof(self) -> None:
-        request = self._request
-        if request is not None and self._phase is Phase.IN_REQUEST and not self._sink.finished:
-            self.ctx.client_gone(request)
-            assert self._body is not None
-            self._work_scope.cancel()
-            self._body.fail(ClientGone("client closed the connection"))
-
-    def _malformed(self, exc: h11.RemoteProtocolError) -> bytes | None:
-        """A body error fails the body (the exchange answers); a head error is answered here."""
-        message = str(exc)[:200]
-        if self._phase is Phase.IN_REQUEST:
-            kind = "h1_bad_chunked" if "chunk" in message else "h1_bad_body"
-            self.ctx.protocol_error(kind, message)
-            assert self._body is not None
-            self._body.fail(ProtocolError(f"malformed request body: {message}"))
-            return None
-        status = exc.error_status_hint
-        self.ctx.protocol_error("h1_header_too_large" if status == 431 else "h1_bad_head", message)
-        return error_response(status, "request head too large" if status == 431 else message)
-
-    def _timed_out(self) -> bytes | None:
-        """Idle keep-alive: close quietly. Head started but stalled: 408, then close."""
-        if self._phase is not Phase.READ_HEAD:
-            return None
-        self.ctx.protocol_error("header_timeout", "request head not complete in time")
-        return error_response(408, "request head not received in time")
-
-    # --- worker ---
-    async def _work(self) -> None:
-        with self._work_scope:  # cancelled by _eof(): the client hung up mid-exchange
-            while True:
-                while self._request is None:
-                    if self._reader_done:
-                        return
-                    await self._worker_lot.park()
-                await self._exchange(self._request)
-                if not self._next_cycle():
-                    assert self._nursery is not None
-                    self._nursery.cancel_scope.cancel()
-                    return
-
-    async def _exchange(self, request: Request) -> None:
         self.requests += 1
-        sink = self._sink  # made by _begin
-        handler = self.ctx.handler
-        if self._reject is not None:
-            status, message = self._reject
-            self.broken = status == 431  # the body, if any, was never framed for us: do not reuse
-            handler = answer(status, message)
-        await run_exchange(self.ctx, self.protocol, handler, request, sink, None)
+        ctx.patrol.running(self, self.requests, now)
+        limits = ctx.limits
+        self._head = head
+        self._continue_sent = False
+        self._body = body = H1Body(self, head.content_length, limits.max_body_bytes)
+        if head.content_length == 0:
+            body.finish()
+        else:
+            self._take_body_events()
+        request = self._request = Request(
+            head.method,
+            head.target,
+            head.headers,
+            body,
+            authority=head.authority,
+            http_version=head.version,
+            client=self._client,
+            received_at=now,
+        )
+        self._sink = sink = H1Sink(self, head.method == b"HEAD")
+        handler = ctx.handler
+        if head.content_length is not None and head.content_length > limits.max_body_bytes:
+            handler = answer(413, f"request body larger than {limits.max_body_bytes} bytes")
+        elif head.asterisk:
+            handler = _options_asterisk
+        ended = await run_exchange(ctx, self.protocol, handler, request, sink, None)
+        self._stop_watch()
+        if self._sock is None and self._watch_done is not None:
+            await self._watch_done.wait()  # a memory stream's reader must be gone before we read
+        if not self._next_cycle():
+            return False
+        ctx.patrol.idle_since(self, ended)
+        return True
+
+    def _take_body_events(self) -> None:
+        """Move the current body's parsed pieces (and its end) from the parser into the body."""
+        events, body = self._parser.events, self._body
+        assert body is not None
+        while events:
+            event = events[0]
+            kind = type(event)
+            if kind is bytes:
+                events.popleft()
+                if not body.feed(event):
+                    self.broken = True  # past the body cap: the handler hears BodyTooLarge
+                    return
+            elif event is END:
+                events.popleft()
+                body.finish()
+                return
+            elif kind is FramingError and event.in_body:
+                events.popleft()
+                self.ctx.protocol_error(event.kind, event.message, self._client)
+                self.broken = True
+                body.fail(ProtocolError(event.message))
+                return
+            else:
+                return
+
+    async def read_body(self, body: H1Body) -> None:
+        """The handler wants more of the body: one read, under the request's deadline and body_timeout_s."""
+        if body.deadline == math.inf:
+            assert self._request is not None
+            body.deadline = request_deadline(self._request.headers, self._request.received_at)
+            body.timeout_s = self.ctx.limits.body_timeout_s
+        # One reader at a time: while `_reading`, no watcher starts, and a running one stops
+        # here first (it may have buffered what the handler wants). No await between the
+        # read and the feed below, so bytes are fed in the order they were read.
+        self._reading = True
+        try:
+            if self._watch is not None:
+                done = self._watch_done
+                self._stop_watch()
+                if done is not None:
+                    # Gone, not just told to go: a watcher woken by readability before the cancel
+                    # would still read once, and feed those bytes ahead of ours.
+                    await done.wait()
+                if body.has_parts() or body.complete:
+                    return
+            patrol = self.ctx.patrol
+            patrol.body_wait(self, trio.current_time())  # evictable while the client makes us wait
+            data = b""
+            with trio.move_on_at(body.wait_until()) as waited:
+                data = await self._receive(False)
+            patrol.forget(self)
+            self._feed_body(body, data, waited.cancelled_caught)
+        finally:
+            self._reading = False
+            if self._watch_wanted == self.requests and self._watch is None:
+                self._restart_watch()
+
+    def _feed_body(self, body: H1Body, data: bytes, timed_out: bool) -> None:
+        if timed_out:
+            self.broken = True
+            body.fail(body.timed_out())
+        elif not data:
+            assert self._request is not None
+            self.ctx.client_gone(self._request)
+            body.fail(ClientGone("client closed the connection while sending the body"))
+        else:
+            self._parser.feed(data)
+            self._take_body_events()
 
     def _next_cycle(self) -> bool:
         """After an exchange: keep the connection for the next request, or say it must close."""
-        conn = self.h11
-        if self.broken or self.ctx.draining or self._request is None or self._request.client_gone:
+        request, body, sink = self._request, self._body, self._sink
+        if request is None or request.client_gone or sink.closing or not sink.finished:
             return False
-        if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+        if not self.keep_alive_possible() or body is None or not body.complete:
             return False  # must close, or the request body was not read to the end
-        conn.start_next_cycle()
-        self._request = self._body = None
-        self._fresh = False
+        self._request = self._body = self._head = None
         self._phase = _next_phase(self._phase, "answered")
-        self._deadline = trio.current_time() + self.ctx.limits.idle_timeout_s
-        self.reader_lot.unpark()
         return True
 
+    @property
+    def http10(self) -> bool:
+        return self._head is not None and self._head.version == "1.0"
+
+    def keep_alive_possible(self) -> bool:
+        """Whether the answer now being written may leave the connection open (its `connection` field).
+
+        A request body still arriving is not a reason to say close: a full-duplex handler
+        answers while it reads. If it ends without reading it all, the connection closes
+        after the answer all the same (`_next_cycle`), as h11 did.
+        """
+        head = self._head
+        return head is not None and head.keep_alive and not self.broken and not self.ctx.draining
+
     async def send_continue(self) -> None:
-        if self.h11.they_are_waiting_for_100_continue:
-            event = h11.InformationalResponse(status_code=100, headers=[], reason=reason_phrase(100))
-            await self.send(self.h11.send(event))
+        """`100 Continue`, once, to an HTTP/1.1 client that asked and has sent no body byte yet."""
+        head, body = self._head, self._body
+        if head is not None and head.expect_continue and not self._continue_sent and body is not None:
+            self._continue_sent = True
+            if not body.complete and body.received == 0:
+                await self.send(CONTINUE)
 
     async def send(self, data: bytes) -> None:
-        """The worker's only way to write. A failed or interrupted write loses the framing.
+        """The only way to write during an exchange. A failed or interrupted write loses the framing.
 
-        Written straight into the socket when the kernel takes it whole (sockio): no
-        scheduler pass per response, and the worker finishes the cycle before the
-        reader sees the client's next request (which would otherwise find h11 PAUSED).
+        A write that must wait for room waits until the request's deadline at most (`Request.deadline`,
+        set by the handler): a client that does not read its answer is then as good as gone.
         """
+        request = self._request
         try:
-            await self._io.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            await self._io.send_all(data, math.inf if request is None else request.deadline)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
             self.broken = True
-            if self._request is not None:
-                self.ctx.client_gone(self._request)
-            raise ClientGone("client connection lost while sending") from exc
+            if request is not None:
+                self.ctx.client_gone(request)
+            what = "did not read" if isinstance(exc, trio.TooSlowError) else "lost"
+            raise ClientGone(f"client connection {what} while sending") from exc
         except BaseException:
             self.broken = True
             raise
 
-    async def _answer_problem(self, data: bytes) -> None:
-        """The reader's own answer (400, 408, 431): only ever sent while no exchange runs."""
+    # --- the client hanging up mid-request (started by the patrol) ---
+    async def watch_peer(self, request_number: int) -> None:
+        """Notice the client hanging up while request `request_number` runs; started by the patrol.
+
+        Body complete: wait until the socket is readable and peek; EOF or a reset is a
+        hang-up, bytes (a pipelined request) end the watch. Body still arriving and the
+        handler not reading it: read it into the body's buffer (up to HIGH_WATER, as a
+        reader task would) so that the EOF behind it is seen. A handler that asks for
+        body bytes stops the watch first (`read_body`), so one task reads at a time.
+        """
+        if self.requests != request_number or self._body is None or self._phase is not Phase.IN_REQUEST:
+            return  # finished already, or closing
+        self._watch_wanted = request_number
+        if self._watch is not None or self._reading:
+            return  # watching already, or the handler reads (it restarts the watch when done)
+        self._watch = scope = trio.CancelScope()
+        self._watch_done = done = trio.Event()
+        gone = False
         try:
-            await self._stream.send_all(data)
+            with scope:
+                gone = await self._hung_up()
+            if gone and self.requests == request_number and self._request is not None:
+                self.ctx.client_gone(self._request)
+                self.expire("gone")
+        except Exception:  # it runs in the patrol's nursery: a bug here must not take the server down
+            log.exception("watching %r failed", self)
+        finally:
+            done.set()
+            if self._watch is scope:
+                self._watch = None
+
+    async def _hung_up(self) -> bool:
+        body = self._body
+        assert body is not None
+        while not body.complete:
+            if body.buffered >= HIGH_WATER or self._reading:
+                return False  # as a reader would: stop reading, and so stop seeing the peer
+            data = await self._receive(True)
+            if not data:
+                body.fail(ClientGone("client closed the connection while sending the body"))
+                return True
+            self._parser.feed(data)
+            self._take_body_events()
+        sock = self._sock
+        if sock is None:  # a stream we cannot peek at: read, and keep what came for the loop
+            data = await self._receive(True)
+            self._unread += data
+            return not data
+        if sock.fileno() < 0:
+            return False  # closed by this connection: nothing left to watch
+        try:
+            return not await sock.recv(1, socket.MSG_PEEK)  # waits for readability; leaves the bytes
+        except trio.ClosedResourceError:
+            return False
+        except OSError:
+            return True  # reset
+
+    def _restart_watch(self) -> None:
+        nursery = self.ctx.patrol.nursery
+        if nursery is not None:
+            nursery.start_soon(self.watch_peer, self.requests)
+
+    def _stop_watch(self) -> None:
+        """Before this task reads the socket again (cancelling a wait on a socket unregisters it at once)."""
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
+    # --- endings ---
+    async def _refuse(self, exc: FramingError) -> None:
+        """A head the parser refused (400, 431, 501, 505): answered here, then the connection closes."""
+        self.ctx.protocol_error(exc.kind, exc.message, self._client)
+        self._phase = Phase.CLOSING
+        await self._answer_problem(error_response(exc.status, exc.message))
+
+    async def _after_expiry(self) -> None:
+        """The patrol ended the connection: a head or body cut short gets 408; idle ones close quietly."""
+        reason = self.expired
+        if reason not in ("head", "evicted"):
+            return
+        cut = self._parser.in_head or (
+            self._phase is Phase.IN_REQUEST and not self._sink.headers_sent and not self._body_complete()
+        )
+        if not cut:
+            return
+        kind = "header_timeout" if reason == "head" else "evicted"
+        self.ctx.protocol_error(kind, "request not received in time", self._client)
+        self._phase = Phase.CLOSING
+        self.broken = True
+        await self._answer_problem(error_response(408, "request not received in time"))
+
+    def _body_complete(self) -> bool:
+        return self._body is not None and self._body.complete
+
+    async def _answer_problem(self, data: bytes) -> None:
+        """An answer of the connection's own (400, 408, 431): only ever sent while no exchange writes."""
+        try:
+            await self._io.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
 
-    async def _close(self) -> None:
+    async def _close(self, linger: bool) -> None:
         try:
-            if self._phase is Phase.IN_REQUEST and self.h11.their_state is h11.SEND_BODY and not self.broken:
+            if linger:
                 await self._linger()
         finally:
             await self._stream.aclose()
@@ -356,3 +504,8 @@ class H1Connection:
                     discarded += len(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
                 pass
+
+
+async def _options_asterisk(request: Request, sink) -> None:
+    """`OPTIONS *` asks about the server, not a resource (RFC 9110 9.3.7): the methods it serves."""
+    await sink.respond(200, [(b"allow", ALLOW)], b"")

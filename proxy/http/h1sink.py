@@ -1,12 +1,25 @@
 """The HTTP/1.1 request body and response sink of one exchange (see `h1server`).
 
-Theory of operation: `H1Body` is the shared `BufferedBody` with h1's two duties:
-the first read sends `100 Continue` to a client that waits for it, and consuming
-bytes lets a reader paused at HIGH_WATER go on. `H1Sink` turns the handler's calls
-into h11 events and hands the bytes to the connection's one writer: `respond()`
-is head, body and end in a single `send_all`; `start()` without content-length
-is chunked for HTTP/1.1 clients and close-delimited for HTTP/1.0 ones (h11
-decides). The helpers below build the answers the server gives by itself.
+Theory of operation: `H1Body` is the shared `BufferedBody` with h1's duties: the
+first read sends `100 Continue` to a client that waits for it, and waiting for
+more bytes is one read of the socket by the connection (under the request's
+deadline and body_timeout_s), in the handler's own task. `H1Sink` writes the handler's response as bytes built
+by hand (`h1write`), choosing the framing as h11 used to:
+
+- `respond(status, headers, body)`: head and body in one write, with the body's
+  Content-Length added unless the handler gave one;
+- `start()` with a Content-Length from the handler: exactly that many bytes follow
+  (more raises, fewer at `end()` breaks the connection, as h11 enforced); without
+  one: chunked to HTTP/1.1 clients, close-delimited to HTTP/1.0 ones;
+- a response to HEAD, and a 204 or 304, carries no body bytes whatever is sent
+  (HEAD keeps the Content-Length it was given; 204/304 get none added);
+- Transfer-Encoding from the handler is dropped (the framing is ours);
+- `connection: close` is added whenever the connection will close after this
+  answer (the client asked, HTTP/1.0 without keep-alive, a close-delimited body,
+  a request body not read to its end, a draining server, or the handler said
+  close); `connection: keep-alive` answers an HTTP/1.0 keep-alive request.
+
+The helpers below build the answers the server gives by itself.
 
 Invariant: `finished` is set before the last write, so a client that reads the
 whole answer and hangs up at once is not counted as gone.
@@ -14,119 +27,155 @@ whole answer and hangs up at once is not counted as gone.
 
 from __future__ import annotations
 
-import http
 from typing import TYPE_CHECKING
 
-import h11
-
-from proxy.http import h11events
 from proxy.http.exchange import BufferedBody
-from proxy.http.messages import Headers, header_value
+from proxy.http.h1write import LAST_CHUNK, chunk, reason_phrase, response_head
+from proxy.http.messages import Headers
 
 if TYPE_CHECKING:
     from proxy.http.h1server import H1Connection
 
-HIGH_WATER = 262_144  # unread body bytes at which the reader stops reading
+HIGH_WATER = 262_144  # body bytes a watcher buffers for a handler that is not reading (then it stops)
 NO_BODY_STATUS = frozenset({204, 304})
+_CONTENT_LENGTH = b"content-length"
+_TRANSFER_ENCODING = b"transfer-encoding"
+_CONNECTION = b"connection"
+_FRAMING = frozenset({_CONTENT_LENGTH, _TRANSFER_ENCODING, _CONNECTION})
+_CLOSE = (b"connection", b"close")
+_KEEP_ALIVE = (b"connection", b"keep-alive")
+_CHUNKED = (b"transfer-encoding", b"chunked")
 
 
 class H1Body(BufferedBody):
-    __slots__ = ("_buffered", "_owner")
+    """A request body the connection reads when the handler asks for more (or a watcher, up to HIGH_WATER)."""
+
+    __slots__ = ("_owner", "buffered")
 
     def __init__(self, owner: H1Connection, content_length: int | None, limit: int) -> None:
         super().__init__(content_length, limit)
         self._owner = owner
-        self._buffered = 0
+        self.buffered = 0  # fed and not yet consumed
 
     def feed(self, data: bytes, flow_len: int = 0) -> bool:
-        self._buffered += len(data)
+        self.buffered += len(data)
         return super().feed(data, flow_len)
+
+    def _consumed(self, size: int, flow_len: int) -> None:
+        self.buffered -= size
+
+    def has_parts(self) -> bool:
+        return bool(self._parts)
 
     async def _first_read(self) -> None:
         await self._owner.send_continue()
 
-    def _consumed(self, size: int, flow_len: int) -> None:
-        self._buffered -= size
-        if self._buffered < HIGH_WATER:
-            self._owner.reader_lot.unpark()
+    async def _wait(self) -> None:
+        await self._owner.read_body(self)
 
 
 class H1Sink:
-    """ResponseSink over h11. Used by one handler from the worker task."""
+    """ResponseSink for one HTTP/1.1 exchange, used by its handler in the connection's task."""
 
-    __slots__ = ("_head_request", "_owner", "finished", "headers_sent", "status")
+    __slots__ = (
+        "_chunked",
+        "_has_body",
+        "_owner",
+        "_remaining",
+        "closing",
+        "finished",
+        "headers_sent",
+        "status",
+    )
 
     def __init__(self, owner: H1Connection, head_request: bool) -> None:
         self._owner = owner
-        self._head_request = head_request
+        self._has_body = not head_request
+        self._chunked = False
+        self._remaining: int | None = None  # body bytes still owed under a Content-Length
         self.headers_sent = False
         self.finished = False
+        self.closing = False  # the connection closes after this answer
         self.status = 0
 
     async def respond(self, status: int, headers: Headers, body: bytes = b"") -> None:
-        conn = self._owner.h11
-        headers = self._head(status, headers, len(body))
-        data = conn.send(h11events.response(status, headers, reason_phrase(status)))
-        if body and not self._head_request and status not in NO_BODY_STATUS:
-            data += conn.send(h11.Data(data=body))
-        data += conn.send(h11events.END)
+        data = self._head(status, headers, len(body))
+        if body and self._has_body:
+            data += body
         self.finished = True  # before the write: a client that reads it and hangs up is not "gone"
         await self._owner.send(data)
 
     async def start(self, status: int, headers: Headers) -> None:
-        headers = self._head(status, headers, None)
-        response = h11events.response(status, headers, reason_phrase(status))
-        await self._owner.send(self._owner.h11.send(response))
+        await self._owner.send(self._head(status, headers, None))
 
     async def send(self, data: bytes) -> None:
         if not self.headers_sent or self.finished:
             raise RuntimeError("send() outside a started response")
-        if data and not self._head_request:
-            await self._owner.send(self._owner.h11.send(h11.Data(data=data)))
+        if not data or not self._has_body:
+            return
+        if self._remaining is not None:
+            if len(data) > self._remaining:
+                self._owner.broken = True
+                raise RuntimeError(f"response body longer than its content-length ({self._remaining} bytes left)")
+            self._remaining -= len(data)
+        elif self._chunked:
+            data = chunk(data)
+        await self._owner.send(data)
 
     async def end(self) -> None:
         if not self.headers_sent or self.finished:
             raise RuntimeError("end() outside a started response")
         self.finished = True
-        await self._owner.send(self._owner.h11.send(h11events.END))
+        if self._chunked:
+            await self._owner.send(LAST_CHUNK)
+        elif self._remaining:
+            self._owner.broken = True  # the client waits for bytes that will never come: close
+            raise RuntimeError(f"response body shorter than its content-length ({self._remaining} bytes missing)")
 
     def abort(self) -> None:
         self._owner.broken = True
 
-    def _head(self, status: int, headers: Headers, length: int | None) -> Headers:
+    def _head(self, status: int, headers: Headers, length: int | None) -> bytes:
+        """The head bytes, with framing fields decided here (module doc)."""
         if self.headers_sent:
             raise RuntimeError("response already started")
         self.headers_sent = True
         self.status = status
-        if (
-            length is not None
-            and status >= 200
-            and status not in NO_BODY_STATUS
-            and header_value(headers, b"content-length") is None
-        ):
-            headers = [*headers, (b"content-length", str(length).encode())]
-        if self._owner.ctx.draining:
-            headers = [*headers, (b"connection", b"close")]
-        return headers
-
-
-_REASON_CACHE: dict[int, bytes] = {}
-
-
-def reason_phrase(status: int) -> bytes:
-    """The standard reason phrase (some clients, h2load among them, need one to see the status)."""
-    reason = _REASON_CACHE.get(status)
-    if reason is None:
-        try:
-            reason = http.HTTPStatus(status).phrase.encode()
-        except ValueError:
-            reason = b""
-        _REASON_CACHE[status] = reason
-    return reason
+        owner = self._owner
+        given = None
+        close = copy = False
+        for name, value in headers:  # one pass; a copy only when a field of ours must go
+            if name in _FRAMING:
+                if name == _CONTENT_LENGTH:
+                    given = value
+                else:
+                    copy = True
+                    close = close or (name == _CONNECTION and b"close" in value.lower())
+        fields = [(k, v) for k, v in headers if k != _TRANSFER_ENCODING and k != _CONNECTION] if copy else headers
+        bodiless = status < 200 or status in NO_BODY_STATUS
+        if bodiless:
+            self._has_body = False
+        elif given is not None:
+            if self._has_body and length is None:
+                self._remaining = int(given)
+        elif length is not None:
+            fields = [*fields, (_CONTENT_LENGTH, b"%d" % length)]
+        elif self._has_body:
+            if owner.http10:
+                close = True  # close-delimited: the end of the body is the end of the connection
+            else:
+                self._chunked = True
+                fields = [*fields, _CHUNKED]
+        if close or not owner.keep_alive_possible():
+            self.closing = True
+            fields = [*fields, _CLOSE]
+        elif owner.http10:
+            fields = [*fields, _KEEP_ALIVE]
+        return response_head(status, fields)
 
 
 def error_response(status: int, message: str) -> bytes:
-    """A complete close-delimited answer for a request h11 could not parse."""
+    """A complete close-delimited answer for a request that could not be parsed."""
     body = f"{status} {message}\n".encode()
     return (
         b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"

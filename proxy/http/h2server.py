@@ -7,20 +7,50 @@ Theory of operation: three kinds of task per connection.
   RST_STREAM cancels that stream's handler, WINDOW_UPDATE wakes blocked senders.
   So one slow request body cannot stall the other streams (hypercorn's reader
   awaits each stream's consumer; ours never does).
-- One task per stream runs its exchange (`h2stream.H2Stream.run`).
+- One task per stream runs its exchange (`h2stream.H2Stream.run`), then hands
+  over whatever of its response is still held for the client's window.
 - The writer is the only task that sends: whoever changed h2's state calls
   `kick()`, which moves h2's pending output into the writer's queue; the writer
   sends everything queued meanwhile in one write (coalescing the answers of many
-  streams; measured: with many streams answered at once, one write per answer
-  straight from `kick()` cost 14% more CPU per request than this task switch)
-  and `flush()` waits for that. The write itself skips trio's post-send yield
-  (sockio).
+  streams and every control frame of a read into one system call; measured: one
+  write per answer straight from `kick()` cost 14% more CPU per request than this
+  task switch) and `flush()` waits for that. The write itself skips trio's
+  post-send yield (sockio).
 
 Timeouts apply to the reader: header_timeout_s from accept until the first
 request head, then idle_timeout_s whenever no stream is open; either ends the
 connection with GOAWAY(NO_ERROR).
 
+Bounds: one client, whatever it sends, gets a bounded share of CPU and memory
+(docs/security-h2.md; every number is a `[listen]` key or a constant here).
+- Frames are judged by their 9-byte header (`_Inbound`): longer than our
+  SETTINGS_MAX_FRAME_SIZE is FRAME_SIZE_ERROR before a byte of the payload is kept,
+  and a header block (HEADERS + CONTINUATION) past 4 x max_header_bytes, or a
+  SETTINGS frame with more than 32 settings (nghttp2's limit), is ENHANCE_YOUR_CALM.
+  So the inbound buffer holds one read plus one frame at most.
+- Control frames spend the connection's `FloodBudget` (proxy/core/flood.py);
+  streams the client resets before their answer spend its reset budget. An empty
+  budget is GOAWAY(ENHANCE_YOUR_CALM), one rate-limited log line and a count in
+  `rampmeter_h2_floods_total`.
+- Fairness: at most FRAMES_PER_TURN frames are handled per turn; with more buffered
+  the reader yields to every other ready task first. A read is only made once the
+  buffered frames are handled, so one busy connection cannot hold the loop (the
+  sidecar's own health checks of the pod run on it too).
+- Request bodies: unread, at most h2_connection_window_bytes per connection (the
+  receive window we grant; bytes are acknowledged as the handler reads them); read
+  or not, at most h2_body_bytes_per_connection for all open streams together (a
+  stream's content-length is reserved when it is accepted; one that would pass the
+  bound is refused with REFUSED_STREAM, which says it was not processed).
+- Output: past OUT_HIGH bytes queued for the socket the reader stops reading (a
+  client that floods and never reads stops being read); a write that makes no
+  progress for h2_send_timeout_s closes the connection. Response bytes waiting for
+  the client's flow-control window are held per stream, at most
+  h2_send_buffer_bytes per connection (h2stream).
+
 Where we step around h2, and why:
+- Header validation is ours (h2rules): h2's own, on, costs a tenth of the front
+  end's CPU and treats a malformed request as a connection error; RFC 9113 8.1.1
+  makes it a stream error, answered 400 here.
 - REFUSED_STREAM: h2 raises TooManyStreamsError, a connection error, for a
   HEADERS frame past SETTINGS_MAX_CONCURRENT_STREAMS, before decoding its header
   block (so HPACK state would desync). RFC 9113 5.1.2 allows a stream error and
@@ -28,7 +58,16 @@ Where we step around h2, and why:
   accept the stream and we refuse it.
 - Drain GOAWAY: h2's close_connection() moves its state machine to CLOSED, after
   which in-flight streams can no longer send; for a graceful drain we write the
-  GOAWAY frame ourselves (hyperframe) and refuse streams above its last-stream-id.
+  GOAWAY frames ourselves (hyperframe). An idle connection gets one GOAWAY with the
+  real last-stream-id (nothing is in flight to lose; a stream racing it has a higher
+  id, which every client, httpx included, retries elsewhere), and so does a busy one
+  that goes idle within `drain_idle_wait_s` (a quarter of drain_timeout_s, at most 5 s;
+  meanwhile it is served as usual). Past that, two GOAWAYs as RFC 9113 6.8 and
+  nghttp2 do: first last-stream-id 2^31-1 with a PING, then, at the PING's ACK (one
+  round trip: every stream the client started before it saw the first GOAWAY has
+  arrived) or after DRAIN_RTT_MAX_S, the real last-stream-id; streams above it are
+  refused. Why not always two: python-h2 clients (httpx) treat any GOAWAY as the end
+  of every stream not yet answered (docs/security-h2.md; tests/security/test_h2_drain.py).
 - Header list size: we advertise limits.max_header_bytes; HPACK decoding allows
   4x that (beyond it: COMPRESSION/ENHANCE_YOUR_CALM connection error), and a list
   between the two gets 431 on its own stream.
@@ -42,29 +81,111 @@ import h2.events
 import h2.exceptions
 import trio
 from h2.errors import ErrorCodes
+from h2.frame_buffer import FrameBuffer
 from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 
+from proxy.core.flood import FloodBudget, FloodLimits
 from proxy.errors import ClientGone
-from proxy.http import hpack_memo, sockio
+from proxy.http import h2rules, hpack_memo, sockio
 from proxy.http.exchange import ServerContext
-from proxy.http.h2stream import H2Stream, build_request
+from proxy.http.h2stream import H2Sink, H2Stream, build_request
 
 RECEIVE_SIZE = 65_536
 STREAM_WINDOW = 262_144  # per-stream receive window: the most one stream's body buffer holds
-CONNECTION_WINDOW = 16_777_216  # >= many stream windows, so unread bodies do not block the rest
+FRAMES_PER_TURN = 64  # frames handled before the reader lets the other tasks run (when more are buffered)
+OUT_HIGH = 262_144  # bytes queued for the socket past which the reader stops reading
 CLOSE_GRACE_S = 1.0  # time to flush a final GOAWAY before closing
+DRAIN_IDLE_WAIT_MAX_S = 5.0  # drain: a busy connection may take min(this, drain_timeout_s / 4) to go idle
+DRAIN_RTT_MAX_S = 1.0  # two-step GOAWAY: the second one at the PING ACK, or after this long
 HEADER_LIST_HARD_FACTOR = 4
-_REFUSAL_SLACK = RECEIVE_SIZE // 9 + 1  # HEADERS frames one receive can carry (>= 9 bytes each)
+MAX_SETTINGS_PER_FRAME = 32  # nghttp2's default: a SETTINGS frame is one control frame, not thousands
+MAX_STREAM_ID = 2**31 - 1
+_DRAIN_PING = b"rm-drain"
+_REFUSAL_SLACK = RECEIVE_SIZE // 9 + 1  # HEADERS frames h2 may have open that we have not seen yet
+
+# Frame types (RFC 9113 6) and the flags the budget looks at.
+_DATA, _HEADERS, _SETTINGS, _CONTINUATION = 0x0, 0x1, 0x4, 0x9
+_END_STREAM, _END_HEADERS, _PADDED = 0x1, 0x4, 0x8
 
 _CONFIG = h2.config.H2Configuration(
     client_side=False,
     header_encoding=None,
-    validate_inbound_headers=True,
-    normalize_inbound_headers=True,
+    validate_inbound_headers=False,  # h2rules.parse_request checks what RFC 9113 section 8 asks, once
+    normalize_inbound_headers=False,
     validate_outbound_headers=False,  # our own headers: lower-case bytes, hop-by-hop stripped
     normalize_outbound_headers=False,
 )
+
+
+class _Flood(h2.exceptions.DenialOfServiceError):
+    """A budget ran out while h2 was reading frames: h2 answers GOAWAY(ENHANCE_YOUR_CALM)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class _Inbound(FrameBuffer):
+    """h2's frame buffer, with what must be decided from a frame's 9-byte header.
+
+    `__next__` runs once per frame (h2's own recursion included): it refuses an
+    oversized frame before its payload is buffered, bounds the header block being
+    assembled, charges control frames to the budget, and ends the turn after
+    FRAMES_PER_TURN frames (the rest stays buffered; `ready()` says so).
+    """
+
+    def __init__(self, budget: FloodBudget, max_block_bytes: int) -> None:
+        super().__init__(server=True)
+        self.budget = budget
+        self.max_block_bytes = max_block_bytes
+        self.block_bytes = 0
+        self.turn = 0
+        self.now = 0.0
+
+    def ready(self) -> bool:
+        """A whole frame (or an oversized frame's header) is buffered, not yet handled."""
+        data = self._data
+        if len(data) < 9:
+            return False
+        length = int.from_bytes(data[:3], "big")
+        return len(data) >= 9 + length or length > self.max_frame_size
+
+    def __next__(self):
+        data = self._data
+        if len(data) < 9:
+            raise StopIteration
+        length = int.from_bytes(data[:3], "big")
+        if length > self.max_frame_size:
+            raise h2.exceptions.FrameTooLargeError(f"frame of {length} bytes, max {self.max_frame_size}")
+        if len(data) < 9 + length or self.turn >= FRAMES_PER_TURN:
+            raise StopIteration
+        self.turn += 1
+        kind, flags = data[3], data[4]
+        if kind == _DATA:
+            empty = length == 0 or (flags & _PADDED and length <= data[9] + 1)
+            if empty and not flags & _END_STREAM:
+                self._control("an empty DATA frame")
+        elif kind == _HEADERS:
+            self.block_bytes = 0 if flags & _END_HEADERS else length
+            if length == 0 and not flags & _END_STREAM:
+                self._control("an empty HEADERS frame")
+        elif kind == _CONTINUATION:
+            self.block_bytes += length
+            if self.block_bytes > self.max_block_bytes:
+                raise _Flood("header_block", f"header block over {self.max_block_bytes} bytes")
+            if flags & _END_HEADERS:
+                self.block_bytes = 0
+            self._control("CONTINUATION")
+        else:  # PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, unknown
+            if kind == _SETTINGS and length > 6 * MAX_SETTINGS_PER_FRAME:
+                raise _Flood("control_frames", f"a SETTINGS frame with over {MAX_SETTINGS_PER_FRAME} settings")
+            self._control("control frames")
+        return super().__next__()
+
+    def _control(self, what: str) -> None:
+        if not self.budget.control(self.now):
+            raise _Flood("control_frames", f"{what} past the control frame budget")
 
 
 class _H2State(h2.connection.H2Connection):
@@ -74,6 +195,21 @@ class _H2State(h2.connection.H2Connection):
         # decode the HEADERS of a stream we then refuse (see module doc). The property also
         # prunes closed streams, so call it.
         return super().open_inbound_streams - _REFUSAL_SLACK
+
+
+def drain_idle_wait_s(limits) -> float:
+    """How long a draining connection with streams in flight may take to go idle (module doc)."""
+    return min(DRAIN_IDLE_WAIT_MAX_S, limits.drain_timeout_s / 4)
+
+
+def flood_limits(limits) -> FloodLimits:
+    """The flood budget's numbers from `[listen]`; the per-work ratios are Envoy's (proxy/core/flood.py)."""
+    return FloodLimits(
+        control_burst=limits.h2_control_frame_burst,
+        control_per_s=limits.h2_control_frames_per_s,
+        resets_burst=limits.h2_reset_burst,
+        resets_per_s=limits.h2_resets_per_s,
+    )
 
 
 class H2Connection:
@@ -94,7 +230,19 @@ class H2Connection:
         )
         self.h2.decoder.max_header_list_size = HEADER_LIST_HARD_FACTOR * limits.max_header_bytes
         hpack_memo.install(self.h2)
+        self.budget = FloodBudget(flood_limits(limits), accepted_at)
+        self._inbound = _Inbound(self.budget, HEADER_LIST_HARD_FACTOR * limits.max_header_bytes)
+        self._inbound.max_frame_size = self.h2.max_inbound_frame_size  # h2 resets it on every receive
+        self.h2.incoming_buffer = self._inbound
+        self.body_timeout_s = limits.body_timeout_s
+        self.send_timeout_s = limits.h2_send_timeout_s
+        self.send_buffer_bytes = limits.h2_send_buffer_bytes
+        self.body_bytes = 0  # request-body bytes reserved or held by open streams (h2stream.H2Body)
+        self.held_bytes = 0  # response bytes held for streams' flow-control windows (h2stream)
+        self.holding: dict[int, H2Sink] = {}  # the streams holding some, oldest first
+        self.writes = 0  # batches handed to the kernel: progress, for senders waiting on the client
         self.streams: dict[int, H2Stream] = {}
+        self._opened: list[H2Stream] = []  # accepted in the read being handled, not yet started
         self.requests = 0
         self._stream = stream
         self._io = sockio.wrap(stream)
@@ -103,9 +251,10 @@ class H2Connection:
         self._reader_scope = trio.CancelScope()  # cancelled by _stop()
         self._got_request = False
         self._stop_reason = ""
-        self._goaway_last: int | None = None  # set once a drain GOAWAY went out
+        self._draining = False  # the first drain GOAWAY (2^31-1) went out
+        self._goaway_last: int | None = None  # set once the final drain GOAWAY went out
         self._nursery: trio.Nursery | None = None
-        self._window_lot = trio.lowlevel.ParkingLot()
+        self._send_lot = trio.lowlevel.ParkingLot()  # senders waiting for a window or for the writer
         # writer state: queued chunks, sequence numbers for flush(), and its parking lots
         self._out: list[bytes] = []
         self._out_bytes = 0
@@ -120,13 +269,19 @@ class H2Connection:
         state = f"streams={len(self.streams)} requests={self.requests}{draining}"
         return f"<H2Connection {self._client} {state}>"
 
+    @property
+    def client(self) -> str:
+        return self._client
+
     async def run(self, initial: bytes) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write_loop)
                 self.h2.initiate_connection()
-                self.h2.increment_flow_control_window(CONNECTION_WINDOW - 65_535)
+                window = self.ctx.limits.h2_connection_window_bytes
+                if window > 65_535:
+                    self.h2.increment_flow_control_window(window - 65_535)
                 self.kick()
                 if self.ctx.draining:
                     self.drain()
@@ -143,11 +298,35 @@ class H2Connection:
             await self._stream.aclose()
 
     def drain(self) -> None:
-        """Server shutdown: GOAWAY(last processed stream), finish open streams, then close."""
-        if self._goaway_last is None:
-            self._goaway_last = self.h2.highest_inbound_stream_id
-            frame = GoAwayFrame(0, last_stream_id=self._goaway_last, error_code=ErrorCodes.NO_ERROR)
-            self._queue(frame.serialize())
+        """Server shutdown: GOAWAY when idle, else the two-step GOAWAY (module doc); finish streams; close."""
+        if self._draining or self._nursery is None:
+            return
+        self._draining = True
+        if not self.streams:
+            self._final_goaway()
+        else:
+            self._nursery.start_soon(self._drain_busy)
+
+    async def _drain_busy(self) -> None:
+        """Streams in flight: give them drain_idle_wait_s to end (stream_done sends the one GOAWAY
+        then); past it, the two-step GOAWAY: 2^31-1 and a PING, then the real one at the ACK."""
+        await trio.sleep(drain_idle_wait_s(self.ctx.limits))
+        if self._goaway_last is not None:
+            return
+        self.kick()  # whatever h2 has pending goes before the GOAWAY
+        self._queue(GoAwayFrame(0, last_stream_id=MAX_STREAM_ID, error_code=ErrorCodes.NO_ERROR).serialize())
+        self.h2.ping(_DRAIN_PING)
+        self.kick()
+        await trio.sleep(DRAIN_RTT_MAX_S)
+        self._final_goaway()
+
+    def _final_goaway(self) -> None:
+        if self._goaway_last is not None:
+            return
+        self._goaway_last = self.h2.highest_inbound_stream_id
+        self.kick()
+        frame = GoAwayFrame(0, last_stream_id=self._goaway_last, error_code=ErrorCodes.NO_ERROR)
+        self._queue(frame.serialize())
         if not self.streams:
             self._stop("drained")
 
@@ -177,8 +356,11 @@ class H2Connection:
                 check_at = min(self._deadline, now + step)
 
     async def _process(self, data: bytes) -> bool:
+        inbound = self._inbound
         while True:
-            if data:
+            if data or inbound.ready():
+                inbound.turn = 0
+                inbound.now = trio.current_time()
                 try:
                     events = self.h2.receive_data(data)
                 except h2.exceptions.ProtocolError as exc:
@@ -186,6 +368,17 @@ class H2Connection:
                     return False
                 self._dispatch(events)
                 self.kick()
+                if self._opened and not inbound.ready() and not self._stop_reason:
+                    self._start_opened()  # (a connection closing starts none: they are abandoned)
+                if inbound.ready():
+                    # The turn ended with frames left: every other ready task runs first.
+                    await trio.lowlevel.checkpoint()
+                    data = b""
+                    continue
+            while self._out_bytes >= OUT_HIGH:
+                # The client is not reading what we owe it: stop reading what it sends.
+                # The writer closes the connection if it stays stuck (h2_send_timeout_s).
+                await self._flushed_lot.park()
             try:
                 # A full read suggests more is waiting (an upload): read at once. Otherwise
                 # the client has said what it had to say for now: wait, then read once.
@@ -207,12 +400,14 @@ class H2Connection:
                 if stream is not None:
                     stream.body.finish()
             elif kind is h2.events.StreamReset:
-                stream = self.streams.get(event.stream_id)
-                if stream is not None:
-                    stream.peer_reset()
-                self._window_lot.unpark_all()
+                if not self._peer_reset(event.stream_id):
+                    return  # rapid reset: the connection is closing
             elif kind is h2.events.WindowUpdated or kind is h2.events.RemoteSettingsChanged:
-                self._window_lot.unpark_all()
+                self._pump_held()
+                self._send_lot.unpark_all()
+            elif kind is h2.events.PingAckReceived:
+                if event.ping_data == _DRAIN_PING:
+                    self._final_goaway()
             elif kind is h2.events.ConnectionTerminated:
                 self._stop("peer_goaway")
 
@@ -222,14 +417,69 @@ class H2Connection:
         if (self._goaway_last is not None and sid > self._goaway_last) or len(
             self.streams
         ) >= limits.max_concurrent_streams:
-            self.h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
+            self._refuse(sid)
             return
+        head = h2rules.parse_request(event.headers)
+        length = getattr(head, "content_length", None) or 0
+        if length and length <= limits.max_body_bytes and not self.body_room(length):
+            self.body_over(sid)
+            return
+        self.budget.stream_opened()
         self._got_request = True
         self.requests += 1
-        request, body, handler = build_request(self, sid, event.headers, self._client)
+        request, body, handler = build_request(self, sid, head, self._client)
+        if length and length <= limits.max_body_bytes:
+            body.reserve(length)
         stream = self.streams[sid] = H2Stream(self, sid, request, body, handler)
+        self._opened.append(stream)  # started once the read that opened it is handled (_start_opened)
+
+    def body_room(self, size: int) -> bool:
+        """Whether the connection's open requests may hold `size` more body bytes."""
+        return self.body_bytes + size <= self.ctx.limits.h2_body_bytes_per_connection
+
+    def body_over(self, sid: int) -> None:
+        """A body would pass h2_body_bytes_per_connection: refuse its stream (safe to retry)."""
+        self.ctx.protocol_error("h2_connection_body_bytes", "request bodies at the connection's bound; REFUSED_STREAM")
+        stream = self.streams.get(sid)
+        if stream is not None:
+            stream.request.client_gone = True
+            stream.scope.cancel()
+        self._refuse(sid)
+
+    def _start_opened(self) -> None:
+        """Start the streams this read opened. Not before: a stream the client resets within the same
+        read (a rapid reset, however the turns split it) never starts a handler, so never an upstream."""
         assert self._nursery is not None
-        self._nursery.start_soon(stream.run)
+        opened, self._opened = self._opened, []
+        for stream in opened:
+            if stream.request.client_gone:
+                stream.skip()
+            else:
+                self._nursery.start_soon(stream.run)
+
+    def _refuse(self, sid: int) -> None:
+        try:
+            self.h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            pass  # the client reset it already (in the same read): nothing to refuse
+
+    def _peer_reset(self, sid: int) -> bool:
+        """RST_STREAM from the client; False once that makes a rapid reset (GOAWAY sent)."""
+        self._send_lot.unpark_all()
+        stream = self.streams.get(sid)
+        if stream is None:
+            return True
+        early = not stream.answered
+        stream.peer_reset()
+        if early and not self.budget.client_reset(self._inbound.now):
+            self._flood("rapid_reset", "streams reset before their response past the reset budget")
+            try:
+                self.h2.close_connection(ErrorCodes.ENHANCE_YOUR_CALM)
+            except h2.exceptions.ProtocolError:
+                pass
+            self._stop("error")  # GOAWAY queued: no second one
+            return False
+        return True
 
     def _data(self, event: h2.events.DataReceived) -> None:
         stream = self.streams.get(event.stream_id)
@@ -238,10 +488,27 @@ class H2Connection:
             self.acknowledge(event.flow_controlled_length, event.stream_id)
 
     def _protocol_error(self, exc: h2.exceptions.ProtocolError) -> None:
-        code = getattr(exc, "error_code", None) or ErrorCodes.PROTOCOL_ERROR
-        name = code.name.lower() if isinstance(code, ErrorCodes) else str(code)
-        self.ctx.protocol_error(f"h2_{name}", str(exc)[:200])
+        if isinstance(exc, _Flood):
+            self._flood(exc.kind, str(exc))
+        else:
+            code = getattr(exc, "error_code", None) or ErrorCodes.PROTOCOL_ERROR
+            name = code.name.lower() if isinstance(code, ErrorCodes) else str(code)
+            self.ctx.protocol_error(f"h2_{name}", str(exc)[:200])
         self._stop_reason = "error"  # h2 has queued GOAWAY(code) already
+
+    def _flood(self, kind: str, what: str) -> None:
+        """One count and (rate-limited) one log line; the caller sends GOAWAY(ENHANCE_YOUR_CALM)."""
+        metrics = self.ctx.metrics
+        if metrics is not None:
+            metrics.h2_floods.labels(kind=kind).inc()
+        self.ctx.events.event(f"flood_{kind}", "h2 flood from %s: %s; GOAWAY ENHANCE_YOUR_CALM", self._client, what)
+
+    def timed_out(self, kind: str, what: str) -> None:
+        """A stream or the connection stalled past its timeout: one count, one rate-limited line."""
+        metrics = self.ctx.metrics
+        if metrics is not None:
+            metrics.h2_timeouts.labels(kind=kind).inc()
+        self.ctx.events.event(f"timeout_{kind}", "h2 %s timeout from %s: %s", kind, self._client, what)
 
     def _stop(self, reason: str) -> None:
         self._stop_reason = reason
@@ -266,6 +533,7 @@ class H2Connection:
         for stream in list(self.streams.values()):
             stream.peer_reset()
         self._flushed_lot.unpark_all()
+        self._send_lot.unpark_all()
 
     # --- streams' side ---
     def stream_done(self, stream: H2Stream) -> None:
@@ -273,6 +541,8 @@ class H2Connection:
         if not self.streams:
             if self._goaway_last is not None:
                 self._stop("drained")
+            elif self._draining:
+                self._final_goaway()  # idle while draining: one GOAWAY loses nothing
             else:
                 self._deadline = trio.current_time() + self.ctx.limits.idle_timeout_s
 
@@ -284,8 +554,27 @@ class H2Connection:
                 return
             self.kick()
 
-    async def wait_window(self) -> None:
-        await self._window_lot.park()
+    def _pump_held(self) -> None:
+        """Move held response bytes into the windows that opened (oldest stream first)."""
+        for sid, sink in list(self.holding.items()):
+            if self.out_room() <= 0:
+                return
+            try:
+                sink.pump()
+            except ClientGone:
+                self.holding.pop(sid, None)  # its stream is gone; its task drops what it held
+
+    async def wait_send(self) -> None:
+        """Until a window opens, the writer makes progress, or a stream or the connection ends."""
+        await self._send_lot.park()
+
+    def out_room(self) -> int:
+        """Bytes the socket queue may still take before senders hold instead (may be <= 0)."""
+        return OUT_HIGH - self._out_bytes
+
+    def send_room(self) -> bool:
+        """Whether senders may hold more: the socket queue and held bytes are below their bounds."""
+        return self._out_bytes < OUT_HIGH and self._out_bytes + self.held_bytes < self.send_buffer_bytes
 
     # --- writer ---
     def kick(self) -> None:
@@ -323,11 +612,22 @@ class H2Connection:
             chunks, seq = self._out, self._queued_seq
             self._out, self._out_bytes = [], 0
             try:
-                await self._io.send_all(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+                # One batch may take up to h2_send_timeout_s to reach the kernel: a client
+                # that reads nothing for that long is gone as far as we are concerned.
+                with trio.move_on_after(self.send_timeout_s) as stalled:
+                    await self._io.send_all(chunks[0] if len(chunks) == 1 else b"".join(chunks))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
+                stalled = None
+            if stalled is None or stalled.cancelled_caught:
+                if stalled is not None:
+                    self.timed_out("send", f"nothing written for {self.send_timeout_s:g}s; closing")
                 self._abandon_streams()
                 assert self._nursery is not None
                 self._nursery.cancel_scope.cancel()
                 return
             self._sent_seq = seq
+            self.writes += 1
             self._flushed_lot.unpark_all()
+            if self.holding:
+                self._pump_held()
+            self._send_lot.unpark_all()

@@ -5,36 +5,50 @@ HEADERS frame and starts `run()` in the connection's nursery, so streams are
 handled concurrently and a slow one delays no other. The body buffer is bounded
 by the stream's flow-control window: bytes are acknowledged (WINDOW_UPDATE) only
 as the handler consumes them, and whatever is left unread when the stream ends is
-acknowledged then, so the connection window never leaks.
+acknowledged then, so the connection window never leaks. A handler waiting for body
+bytes waits at most listen.body_timeout_s between them and never past the request's
+own x-request-timeout-ms / grpc-timeout; then the stream is reset (RST_STREAM
+CANCEL) and the handler ends as if the client had gone.
 
-The sink writes through h2 and the connection's writer (`kick()` queues h2's
-output without waiting, `flush()` waits until the kernel has it). Body bytes go
-out no faster than the peer's window allows: a sender with no window parks until
-the reader sees WINDOW_UPDATE. h2 errors on a stream the peer reset become
-`ClientGone`, so h2 never leaks past this module.
+The sink writes through h2 and the connection's writer (`kick()` queues h2's output
+without waiting). Body bytes go out no faster than the peer's window allows; what
+the window (or the socket queue) cannot take yet is held by the stream, in order,
+and sent as WINDOW_UPDATEs arrive. So a handler's `respond()` / `send()` return
+as soon as the bytes are handed over: the request path releases the request's
+admission slot when the upstream response is complete, not when a slow (or
+zero-window) client has read it. Held bytes count against the connection's
+h2_send_buffer_bytes; past it a sender waits, holding its slot, as before. After the
+handler, `run()` delivers what is still held; a stream whose client takes nothing for
+h2_send_timeout_s is reset (RST_STREAM CANCEL), which frees its memory and its
+stream slot. h2 errors on a stream the peer reset become `ClientGone`, so h2 never
+leaks past this module.
 
 Invariant: `H2Connection.stream_done()` is called exactly once per started stream,
-also on cancellation.
+also on cancellation; held bytes leave the connection's count exactly once.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
 import h2.exceptions
 import trio
 from h2.errors import ErrorCodes
 
+from proxy.core import wire
 from proxy.errors import ClientGone
-from proxy.http.exchange import BufferedBody, answer, run_exchange
+from proxy.http.exchange import CLIENT_CLOSED, BufferedBody, answer, run_exchange
+from proxy.http.h2rules import Malformed, RequestHead
 from proxy.http.messages import HOP_BY_HOP, Handler, Headers, Request, header_value
 
 if TYPE_CHECKING:
     from proxy.http.h2server import H2Connection
 
-FLUSH_BYTES = 65_536  # a streaming sender waits for the writer once this much is queued
 NO_BODY_STATUS = frozenset({204, 304})
 _STATUS: dict[int, bytes] = {}
+_TIMEOUT = wire.REQUEST_TIMEOUT_MS.encode()
+_GRPC_TIMEOUT = wire.GRPC_TIMEOUT.encode()
 
 
 def _status_bytes(status: int) -> bytes:
@@ -44,39 +58,32 @@ def _status_bytes(status: int) -> bytes:
     return value
 
 
+async def _options_star(request: Request, sink) -> None:
+    """`OPTIONS *` asks about the server itself (RFC 9110 9.3.7): the sidecar answers it."""
+    await sink.respond(200, [])
+
+
 def build_request(
-    conn: H2Connection, sid: int, raw: list[tuple[bytes, bytes]], client: str
+    conn: H2Connection, sid: int, head: RequestHead | Malformed, client: str
 ) -> tuple[Request, H2Body, Handler]:
-    """The Request for a HEADERS frame, and who answers it: the handler, or 431/413 at once."""
-    method = target = authority = b""
-    scheme = b"http"
-    headers: Headers = []
-    size = 0
-    length = None
-    for name, value in raw:
-        size += len(name) + len(value) + 32  # RFC 9113 6.5.2's header list size
-        if name[:1] != b":":
-            headers.append((name, value))
-            if name == b"content-length":
-                length = int(value)  # h2 validated it
-            elif name == b"host" and not authority:
-                authority = value
-        elif name == b":method":
-            method = value
-        elif name == b":path":
-            target = value
-        elif name == b":authority":
-            authority = value
-        elif name == b":scheme":
-            scheme = value
+    """The Request for a HEADERS frame, and who answers it: the handler, or 400/405/413/431 at once."""
     ctx = conn.ctx
     limits = ctx.limits
     handler = ctx.handler
-    if size > limits.max_header_bytes:
-        ctx.protocol_error("h2_header_too_large", f"{size} byte header list")
-        handler = answer(431, f"request header list larger than {limits.max_header_bytes} bytes")
-    elif length is not None and length > limits.max_body_bytes:
-        handler = answer(413, f"request body larger than {limits.max_body_bytes} bytes")
+    if type(head) is Malformed:
+        ctx.protocol_error("h2_malformed", head.message)
+        handler = answer(head.status, head.message)
+        method, target, authority, scheme, headers, length = b"", b"", b"", b"http", [], None
+    else:
+        method, target, authority, scheme = head.method, head.target, head.authority, head.scheme
+        headers, length = list(head.headers), head.content_length
+        if head.size > limits.max_header_bytes:
+            ctx.protocol_error("h2_header_too_large", f"{head.size} byte header list")
+            handler = answer(431, f"request header list larger than {limits.max_header_bytes} bytes")
+        elif length is not None and length > limits.max_body_bytes:
+            handler = answer(413, f"request body larger than {limits.max_body_bytes} bytes")
+        elif target == b"*":
+            handler = _options_star
     body = H2Body(conn, sid, length, limits.max_body_bytes)
     request = Request(
         method,
@@ -89,40 +96,133 @@ def build_request(
         client=client,
         received_at=trio.current_time(),
     )
+    body.request = request
     return request, body, handler
 
 
 class H2Body(BufferedBody):
-    __slots__ = ("_conn", "_sid")
+    """A stream's body. What it may hold counts against the connection's h2_body_bytes_per_connection:
+    its content-length from the start (the connection reserves it when it accepts the stream),
+    or what has arrived when there is none."""
+
+    __slots__ = ("_conn", "_sid", "accounted", "request")
 
     def __init__(self, conn: H2Connection, sid: int, content_length: int | None, limit: int) -> None:
         super().__init__(content_length, limit)
         self._conn = conn
         self._sid = sid
+        self.request: Request | None = None
+        self.accounted = 0  # bytes of the connection's body budget this body holds
+
+    def reserve(self, size: int) -> None:
+        self.accounted += size
+        self._conn.body_bytes += size
+
+    def feed(self, data: bytes, flow_len: int) -> bool:
+        beyond = self.received + len(data) - self.accounted
+        if beyond > 0:
+            if not self._conn.body_room(beyond):
+                self._conn.body_over(self._sid)
+                self.fail(ClientGone("the connection's request bodies are at their bound"))
+                return False
+            self.reserve(beyond)
+        return super().feed(data, flow_len)
 
     def _consumed(self, size: int, flow_len: int) -> None:
         self._conn.acknowledge(flow_len, self._sid)
 
     def release(self) -> None:
-        """Acknowledge what the handler never read (the stream is over)."""
+        """Acknowledge what the handler never read, and give the budget back (the stream is over)."""
         unread = sum(flow_len for _, flow_len in self._parts)
         self._parts.clear()
         if unread:
             self._conn.acknowledge(unread, self._sid)
+        self._conn.body_bytes -= self.accounted
+        self.accounted = 0
+
+    async def chunks(self):
+        # BufferedBody.chunks, with a bounded wait for bytes that have not come (`_wait`).
+        if not self.started:
+            self.started = True
+            await self._first_read()
+        while True:
+            if self._parts:
+                data, flow_len = self._parts.popleft()
+                self._consumed(len(data), flow_len)
+                yield data
+            elif self._error is not None:
+                raise self._error
+            elif self.complete:
+                return
+            else:
+                await self._wait()
+
+    async def _wait(self) -> None:
+        """Wait for body bytes until body_timeout_s or the request's deadline; then reset the stream."""
+        if self._lot is None:
+            self._lot = trio.lowlevel.ParkingLot()
+        conn = self._conn
+        by_gap, by_deadline = trio.current_time() + conn.body_timeout_s, self._request_deadline()
+        with trio.move_on_at(min(by_gap, by_deadline)) as waited:
+            await self._lot.park()
+        if waited.cancelled_caught and not (self._parts or self.complete or self._error is not None):
+            stream = conn.streams.get(self._sid)
+            why = "the request's deadline passed" if by_deadline < by_gap else f"no bytes for {conn.body_timeout_s:g}s"
+            conn.timed_out("body", f"request body stalled ({why}); RST_STREAM CANCEL")
+            if stream is not None:
+                stream.reset(ErrorCodes.CANCEL)
+                conn.ctx.client_gone(stream.request)
+            raise ClientGone("request body timed out")
+
+    def _request_deadline(self) -> float:
+        """received_at + the client's own budget (x-request-timeout-ms, grpc-timeout); inf without one."""
+        request = self.request
+        if request is None:
+            return float("inf")
+        budget_ms = None
+        for name, value in request.headers:
+            try:
+                if name == _TIMEOUT:
+                    ms = wire.parse_timeout_ms(value)
+                elif name == _GRPC_TIMEOUT:
+                    ms = wire.parse_grpc_timeout_ms(value)
+                else:
+                    continue
+            except wire.HeaderError:
+                continue  # the request path answers 400 for it, once the body is in
+            budget_ms = ms if budget_ms is None else min(budget_ms, ms)
+        return float("inf") if budget_ms is None else request.received_at + budget_ms / 1000.0
 
 
 class H2Sink:
     """ResponseSink for one stream. Called only from that stream's task."""
 
-    __slots__ = ("_conn", "_head_request", "_stream", "finished", "headers_sent", "status")
+    __slots__ = (
+        "_conn",
+        "_end_held",
+        "_head_request",
+        "_held",
+        "_held_bytes",
+        "_stream",
+        "finished",
+        "headers_sent",
+        "status",
+    )
 
     def __init__(self, conn: H2Connection, stream: H2Stream, head_request: bool) -> None:
         self._conn = conn
         self._stream = stream
         self._head_request = head_request
+        self._held: deque[memoryview] = deque()  # bytes the window could not take yet, in order
+        self._held_bytes = 0
+        self._end_held = False  # END_STREAM goes with the last held bytes
         self.headers_sent = False
         self.finished = False
         self.status = 0
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._held)
 
     async def respond(self, status: int, headers: Headers, body: bytes = b"") -> None:
         length = len(body)  # on HEAD, content-length still says what GET would send
@@ -130,11 +230,11 @@ class H2Sink:
             body = b""
         end = not body
         self._send_headers(status, headers, length, end)
-        if end:
-            self._conn.kick()
-        else:
-            await self._write(body, end_stream=True)
+        if not end:
+            self._push(body, end_stream=True)
+        self._conn.kick()
         self.finished = True
+        await self._room()
 
     async def start(self, status: int, headers: Headers) -> None:
         self._send_headers(status, headers, None, False)
@@ -144,18 +244,34 @@ class H2Sink:
         if not self.headers_sent or self.finished:
             raise RuntimeError("send() outside a started response")
         if data and not self._head_request:
-            await self._write(data, end_stream=False)
-            await self._conn.flush()
+            self._push(data, end_stream=False)
+            self._conn.kick()
+            await self._room()
 
     async def end(self) -> None:
         if not self.headers_sent or self.finished:
             raise RuntimeError("end() outside a started response")
-        self._h2_call(self._conn.h2.end_stream, self._stream.sid)
-        self._conn.kick()
+        if self._held:
+            self._end_held = True
+        else:
+            self._h2_call(self._conn.h2.end_stream, self._stream.sid)
+            self._conn.kick()
         self.finished = True
 
     def abort(self) -> None:
+        self.drop_held()
         self._stream.reset(ErrorCodes.INTERNAL_ERROR)
+
+    async def deliver(self) -> None:
+        """After the handler: send what is held as the window opens (ClientGone past the send timeout)."""
+        if self._held:
+            await self._wait(lambda: not self._held)
+
+    def drop_held(self) -> None:
+        self._conn.held_bytes -= self._held_bytes
+        self._conn.holding.pop(self._stream.sid, None)
+        self._held.clear()
+        self._held_bytes = 0
 
     def _send_headers(self, status: int, headers: Headers, length: int | None, end: bool) -> None:
         if self.headers_sent:
@@ -173,25 +289,95 @@ class H2Sink:
             out.append((b"content-length", str(length).encode()))
         self._h2_call(self._conn.h2.send_headers, self._stream.sid, out, end_stream=end)
 
-    async def _write(self, data: bytes, end_stream: bool) -> None:
-        """Queue `data` as DATA frames within the peer's window, waiting for WINDOW_UPDATE."""
-        conn, sid, total, offset = self._conn, self._stream.sid, len(data), 0
-        while True:
-            window = self._h2_call(conn.h2.local_flow_control_window, sid)
-            size = min(window, conn.h2.max_outbound_frame_size, total - offset)
-            if size <= 0 and offset < total:
-                conn.kick()
-                await conn.wait_window()
-                continue
-            chunk = data if size == total else data[offset : offset + size]
-            offset += size
-            last = offset == total
-            self._h2_call(conn.h2.send_data, sid, chunk, end_stream=end_stream and last)
-            if last:
-                conn.kick()
+    def _push(self, data: bytes, end_stream: bool) -> None:
+        """Send what can go now; hold the rest (after anything already held, to keep the order)."""
+        view = memoryview(data)
+        if self._held:
+            self.pump()
+        if not self._held:
+            view = self._send_now(view, end_stream)
+            if view is None:
                 return
-            if conn.queued_bytes() >= FLUSH_BYTES:
-                await conn.flush()
+        self._held.append(view)
+        self._held_bytes += len(view)
+        self._conn.held_bytes += len(view)
+        self._conn.holding[self._stream.sid] = self
+        self._end_held = self._end_held or end_stream
+
+    def _send_now(self, view: memoryview, end_stream: bool) -> memoryview | None:
+        """DATA frames within the peer's window and the socket queue's bound; what is left, or None."""
+        conn, sid, h2c = self._conn, self._stream.sid, self._conn.h2
+        total, offset, frames = len(view), 0, 0
+        room = conn.out_room()
+        while True:
+            left = total - offset
+            size = min(self._h2_call(h2c.local_flow_control_window, sid), h2c.max_outbound_frame_size, left, room)
+            if left and size <= 0:
+                break
+            self._h2_call(h2c.send_data, sid, view[offset : offset + size], end_stream=end_stream and size == left)
+            frames += 1
+            offset += size
+            room -= size
+            if offset == total:
+                break
+        if frames:
+            conn.budget.data_sent(frames)  # the client's WINDOW_UPDATEs for these are earned
+            conn.kick()
+        return None if offset == total else view[offset:]
+
+    def pump(self) -> bool:
+        """Send held bytes the window and the socket queue now allow; whether any moved.
+
+        Called by this stream's task, and by the connection (no task switch) when a
+        WINDOW_UPDATE arrives or the writer drains, so held bytes move even while the
+        handler waits for its upstream."""
+        moved = False
+        held = self._held
+        while held:
+            view = held[0]
+            rest = self._send_now(view, self._end_held and len(held) == 1)
+            sent = len(view) - (0 if rest is None else len(rest))
+            self._held_bytes -= sent
+            self._conn.held_bytes -= sent
+            moved = moved or sent > 0 or rest is None
+            if rest is not None:
+                held[0] = rest
+                break
+            held.popleft()
+        if not held:
+            self._conn.holding.pop(self._stream.sid, None)
+        return moved
+
+    async def _room(self) -> None:
+        """Past the connection's send buffer bound, wait (the caller keeps its slot) until below it."""
+        conn = self._conn
+        if not conn.send_room():
+            await self._wait(conn.send_room)
+
+    async def _wait(self, done) -> None:
+        """Until `done()`, as the client makes room; reset CANCEL once nothing moved for the send timeout.
+
+        Progress is this stream's held bytes moving; with none held (waiting for the
+        connection's room), the writer handing bytes to the kernel (a slow reader behind a
+        long queue is still reading). Other streams' writes are no progress for a stream
+        whose own window stays shut."""
+        conn = self._conn
+        deadline = trio.current_time() + conn.send_timeout_s
+        while not done():
+            before = self._progress()
+            with trio.move_on_at(deadline) as waited:
+                await conn.wait_send()
+            if self.pump() or self._progress() != before:
+                deadline = trio.current_time() + conn.send_timeout_s
+            elif waited.cancelled_caught and not done():
+                conn.timed_out("stream_send", f"client took nothing for {conn.send_timeout_s:g}s; RST_STREAM CANCEL")
+                self.drop_held()
+                self._stream.reset(ErrorCodes.CANCEL)
+                conn.ctx.client_gone(self._stream.request)
+                raise ClientGone("client took no response bytes within the send timeout")
+
+    def _progress(self) -> tuple[str, int]:
+        return ("held", self._held_bytes) if self._held else ("writes", self._conn.writes)
 
     def _h2_call(self, fn, *args, **kwargs):
         """Call h2; a stream or connection that is gone becomes ClientGone."""
@@ -219,18 +405,36 @@ class H2Stream:
     def __repr__(self) -> str:
         return f"<H2Stream {self.sid} {self.request!r} status={self.sink.status} finished={self.sink.finished}>"
 
+    @property
+    def answered(self) -> bool:
+        """The whole response was handed to h2 (a reset after this is no early reset)."""
+        return self.sink.finished and not self.sink.holding
+
+    def skip(self) -> None:
+        """Reset by the client in the read that opened it: no task, no handler, no upstream request."""
+        self.conn.ctx.request_done("h2", CLIENT_CLOSED, 0.0)
+        self.sink.drop_held()
+        self.body.release()
+        self.conn.stream_done(self)
+
     async def run(self) -> None:
+        ctx = self.conn.ctx
         try:
-            await run_exchange(self.conn.ctx, "h2", self.handler, self.request, self.sink, self.scope)
+            await run_exchange(ctx, "h2", self.handler, self.request, self.sink, self.scope)
+            if not self.request.client_gone:
+                await self.sink.deliver()
             if self.sink.finished and not self.body.complete:
                 # Answered before the body ended (413, early answer): ask the client to stop sending.
                 self.reset(ErrorCodes.NO_ERROR)
+        except ClientGone:
+            pass  # the client reset the stream or never read the response: nothing more to say
         finally:
+            self.sink.drop_held()
             self.body.release()
             self.conn.stream_done(self)
 
     def peer_reset(self) -> None:
-        """RST_STREAM from the client: cancel the handler now."""
+        """RST_STREAM from the client (or the connection ends): cancel the handler now."""
         if not self.sink.finished:
             self.conn.ctx.client_gone(self.request)
             self.scope.cancel()

@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
@@ -78,6 +79,7 @@ class Request:
         "body",
         "client",
         "client_gone",
+        "deadline",
         "headers",
         "klass",
         "http_version",
@@ -111,6 +113,9 @@ class Request:
         self.client_gone = False
         self.klass = ""  # the request class, once the handler has classified it (metrics label)
         self.received_at = received_at  # trio.current_time() when the head was parsed
+        # Set by a handler that has one: the server then gives up on a client that keeps it
+        # waiting past it (HTTP/1.1: a response the client does not read), answering as gone.
+        self.deadline = math.inf
 
     @property
     def path(self) -> bytes:

@@ -15,6 +15,12 @@ cancellation (release never awaits):
   `max_connections`; beyond that callers park until a stream ends. A stream the
   peer did not process (REFUSED_STREAM, GOAWAY) is retried once when the body is
   bytes (replayable).
+A `deadline` given to `request(...)` bounds an HTTP/1.1 exchange without a cancel
+scope of its own (`deadlines.DeadlineKeeper`): at the deadline its connection is
+closed and the caller gets UpstreamTimeout; a wait for a connection slot, the one
+wait that is not on a connection, gets a real scope, only when it happens. h2c
+exchanges are not bounded here (`bounds_deadlines()` is False): their caller
+keeps a scope.
 Exchanges are full duplex: a request body over 64 KiB, or streamed, is sent by a
 task in the pool's nursery while the caller reads the response (an upstream that
 echoes as it reads cannot deadlock us); the connection modules own that task and
@@ -38,7 +44,8 @@ from typing import Any, Protocol, Self
 
 import trio
 
-from proxy.errors import UpstreamConnectError, UpstreamError
+from proxy.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
+from proxy.http.deadlines import DeadlineKeeper
 from proxy.http.forward import h2_request_headers
 from proxy.http.messages import Headers
 from proxy.http.upstream_h1 import H1Connection, H1Response, framed
@@ -118,7 +125,9 @@ class _Upstream:
 
     def _failed(self, exc: BaseException) -> None:
         self.outstanding -= 1
-        if isinstance(exc, UpstreamConnectError):
+        if isinstance(exc, UpstreamTimeout):
+            self.outcomes["aborted"].inc()  # the caller's deadline, as a cancellation would have been
+        elif isinstance(exc, UpstreamConnectError):
             self.outcomes["connect_error"].inc()
         elif isinstance(exc, UpstreamError):
             self.outcomes["protocol_error"].inc()
@@ -129,7 +138,8 @@ class _Upstream:
 
     def _released(self, resp: Any, now: float) -> None:
         self.outstanding -= 1
-        outcome = "ok" if resp.complete else "protocol_error" if resp.failed else "aborted"
+        failed = resp.failed and not getattr(resp.connection, "timed_out", False)
+        outcome = "ok" if resp.complete else "protocol_error" if failed else "aborted"
         self.outcomes[outcome].inc()
         self.duration.observe(now - resp.started_at)
 
@@ -151,24 +161,22 @@ class _H1Upstream(_Upstream):
         self.idle: deque[H1Connection] = deque()  # oldest idle at the left
         self.open = 0
 
-    async def start(self, method: bytes, target: bytes, headers: Headers, body: Any) -> H1Response:
+    async def start(
+        self, method: bytes, target: bytes, headers: Headers, body: Any, deadline: float = math.inf
+    ) -> H1Response:
         self.outstanding += 1
         now = trio.current_time()
         try:
             try:
                 self.slots.acquire_nowait()
             except trio.WouldBlock:
-                self.waiting += 1
-                try:
-                    await self.slots.acquire()
-                finally:
-                    self.waiting -= 1
+                await self._wait_for_slot(deadline)
                 now = trio.current_time()
         except BaseException as exc:
             self._failed(exc)
             raise
         try:
-            resp = await self._exchange(now, method, self._target(target), headers, body)
+            resp = await self._exchange(now, method, self._target(target), headers, body, deadline)
         except BaseException as exc:
             self.slots.release()
             self._failed(exc)
@@ -177,13 +185,28 @@ class _H1Upstream(_Upstream):
         resp.started_at = now  # the exchange starts once a connection slot is ours
         return resp
 
-    async def _exchange(self, now: float, method: bytes, target: bytes, headers: Headers, body: Any) -> H1Response:
+    async def _wait_for_slot(self, deadline: float) -> None:
+        self.waiting += 1
+        try:
+            with trio.move_on_at(deadline):
+                await self.slots.acquire()
+                return
+            raise UpstreamTimeout(f"upstream {self.hostport}: no connection free before the deadline")
+        finally:
+            self.waiting -= 1
+
+    async def _exchange(
+        self, now: float, method: bytes, target: bytes, headers: Headers, body: Any, deadline: float
+    ) -> H1Response:
         conn = self._take_idle(now)
         reused = conn is not None
         if conn is None:
             conn = await self._connect()
         try:
-            return await conn.send_request(method, target, headers, body)
+            return await self._send(conn, deadline, method, target, headers, body)
+        except UpstreamTimeout:
+            self._discard(conn)
+            raise
         except UpstreamError as exc:
             self._discard(conn)
             # Safe to replay only if nothing reached the upstream and the body can be sent again.
@@ -194,10 +217,23 @@ class _H1Upstream(_Upstream):
             raise
         conn = await self._connect()
         try:
-            return await conn.send_request(method, target, headers, body)
+            return await self._send(conn, deadline, method, target, headers, body)
         except BaseException:
             self._discard(conn)
             raise
+
+    async def _send(self, conn: H1Connection, deadline: float, *request: Any) -> H1Response:
+        """The exchange on `conn`, closed by the keeper at `deadline` unless released first."""
+        if deadline == math.inf:
+            return await conn.send_request(*request)
+        entry = self.pool.deadlines.arm(deadline, conn)
+        try:
+            resp = await conn.send_request(*request)
+        except BaseException:
+            self.pool.deadlines.disarm(entry)
+            raise
+        resp.deadline_entry = entry
+        return resp
 
     def _take_idle(self, now: float) -> H1Connection | None:
         idle, timeout = self.idle, self.cfg.idle_timeout_s
@@ -223,6 +259,8 @@ class _H1Upstream(_Upstream):
 
     def release(self, resp: H1Response) -> None:
         """Called once by `resp.aclose()`: pool the connection if the exchange ended cleanly."""
+        if resp.deadline_entry is not None:
+            self.pool.deadlines.disarm(resp.deadline_entry)
         now = trio.current_time()
         if not self.pool.closed and resp.reusable():
             resp.connection.idle_since = now
@@ -265,7 +303,10 @@ class _H2Upstream(_Upstream):
         self.opening = False
         self.lot = trio.lowlevel.ParkingLot()  # callers waiting for a stream slot
 
-    async def start(self, method: bytes, target: bytes, headers: Headers, body: Any) -> H2Response:
+    async def start(
+        self, method: bytes, target: bytes, headers: Headers, body: Any, deadline: float = math.inf
+    ) -> H2Response:
+        """`deadline` is not enforced here (bounds_deadlines() is False): the caller holds a scope."""
         self.outstanding += 1
         started = trio.current_time()
         if isinstance(body, _BYTES_LIKE):
@@ -379,6 +420,7 @@ class UpstreamPool:
         ]
         self.nursery: trio.Nursery | None = None
         self.closed = False
+        self.deadlines = DeadlineKeeper()
         self._reap_at = -math.inf  # no reaper yet: nothing to wake
         self._reap_wake: trio.Event | None = None
         self._nursery_cm: Any = None
@@ -388,6 +430,7 @@ class UpstreamPool:
         self.nursery = await self._nursery_cm.__aenter__()
         self._reap_at = math.inf
         self.nursery.start_soon(self._reaper)
+        self.nursery.start_soon(self.deadlines.run)
         return self
 
     async def __aexit__(self, *exc_info: object) -> bool | None:
@@ -399,12 +442,25 @@ class UpstreamPool:
         return await self._nursery_cm.__aexit__(*exc_info)
 
     def request(
-        self, upstream: int, method: bytes, target: bytes, headers: Headers, body: bytes | AsyncIterable[bytes] = b""
+        self,
+        upstream: int,
+        method: bytes,
+        target: bytes,
+        headers: Headers,
+        body: bytes | AsyncIterable[bytes] = b"",
+        deadline: float = math.inf,
     ) -> _Exchange:
-        """`async with pool.request(i, b"POST", b"/v1/x", headers, body) as resp:` (see module doc)."""
+        """`async with pool.request(i, b"POST", b"/v1/x", headers, body) as resp:` (see module doc).
+
+        `deadline` (trio time): an HTTP/1.1 exchange still running then fails with UpstreamTimeout.
+        """
         if self.nursery is None:
             raise RuntimeError("use `async with UpstreamPool(...)` before sending requests")
-        return _Exchange(self._ups[upstream], (method, target, headers, body))
+        return _Exchange(self._ups[upstream], (method, target, headers, body, deadline))
+
+    def bounds_deadlines(self, upstream: int) -> bool:
+        """Whether `request(..., deadline=)` bounds this upstream's exchanges (HTTP/1.1: yes; h2c: no)."""
+        return self._ups[upstream].protocol == "http1"
 
     def authority(self, upstream: int) -> bytes:
         """HOST:PORT of upstream `upstream` as written in its URL (the Host to send when the client gave none)."""

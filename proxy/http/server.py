@@ -1,12 +1,29 @@
 """The front-end listener: HTTP/1.1 and h2c on one port, limits, graceful drain.
 
 Theory of operation: `serve()` binds, then runs two nurseries: the inner one holds
-the accept loops, the outer one every connection. A connection over
-max_connections is accepted and closed at once (counted as rejected). Each
-accepted connection reads its first bytes under the header timeout: the HTTP/2
-connection preface (`PRI * HTTP/2.0...`, prior knowledge) selects
-`h2server.H2Connection`, anything else `h1server.H1Connection`; both call the same
-handler through `exchange.run_exchange`.
+the accept loops, the outer one every connection and the server's `Patrol`
+(phase deadlines, eviction, hung-up clients: proxy/http/patrol.py). Each accepted
+connection starts as an `h1server.H1Connection`, which reads its first bytes
+under the header timeout (from accept): the HTTP/2 connection preface (`PRI *
+HTTP/2.0...`, prior knowledge) hands the connection to `h2server.H2Connection`,
+anything else is served as HTTP/1.1; both call the same handler through
+`exchange.run_exchange`.
+
+The connection limit keeps headroom for newcomers: at max_connections a new
+connection is still accepted, and the patrol's victim (the connection whose last
+sign of life is oldest: a stalled head or body, the longest-idle keep-alive
+connection) is closed to make room. Only when every connection is running a
+request (or is HTTP/2) is the newcomer closed at once (counted as rejected).
+Thousands of stalled bodies then cost the attacker their own connections, not
+everyone else's.
+
+The limit itself is held to the open-file limit at start (`fd_cap`): the data
+port's connections must leave descriptors for the upstream pool, the admin port
+and the process's own files, or at the limit accept() fails for every listener
+at once (the admin port's /healthz included). RLIMIT_NOFILE's soft limit is
+raised to the hard one first (as Go's runtime does); what still does not fit
+lowers max_connections, said in one line at start. accept() failures are logged
+rate-limited (a client controls their rate).
 
 `shutdown(drain_timeout_s)` drains: it cancels the accept loops (closing the
 listening sockets, so new connects are refused), asks every connection to drain
@@ -32,21 +49,23 @@ from __future__ import annotations
 
 import errno
 import logging
+import resource
 from dataclasses import dataclass
 
 import trio
 
 from proxy.http.exchange import CLIENT, ServerContext
-from proxy.http.h1server import H1Connection
+from proxy.http.h1server import PREFACE, H1Connection
 from proxy.http.h2server import H2Connection
 from proxy.http.messages import Handler
+from proxy.http.ratelog import RateLimitedLog
 from proxy.policy.schema import Listen
 from proxy.runtime.metrics import Metrics
 
 log = logging.getLogger("rampmeter.server")
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-RECEIVE_SIZE = 65_536
+__all__ = ["PREFACE", "Server", "ServerStatistics", "fd_cap", "format_address", "parse_address"]
+
 # accept() failures that mean "out of resources now", not "listener broken" (as trio's serve_listeners).
 _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _ACCEPT_RETRY_S = 0.1
@@ -54,6 +73,7 @@ _ACCEPT_RETRY_S = 0.1
 # (an h2 GOAWAY flushed, a head that was half sent completed and answered) before the cut.
 DRAIN_GRACE_S = 0.5
 _DRAIN_POLL_S = 0.05  # how often the drain looks at the in-flight count (a counter, not an event)
+FD_BASE_RESERVE = 64  # listeners, log files, the dedup store, probes and GPU sampling: the process's own
 
 
 @dataclass(frozen=True)
@@ -66,6 +86,8 @@ class ServerStatistics:
     connections_detecting: int  # accepted, first bytes not yet seen
     connections_accepted: int
     connections_rejected: int
+    connections_evicted: int
+    max_connections: int  # in force: listen.max_connections, or less where the open-file limit says so
     requests_in_flight: int
     requests_total: int
     client_disconnects: int
@@ -87,6 +109,40 @@ def format_address(sockname: tuple) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def fd_cap(max_connections: int, reserve: int, nofile: tuple[int, int]) -> tuple[int, str | None]:
+    """max_connections that fits under the open-file limit `nofile` (soft, hard) after `reserve`; and why, if lowered.
+
+    Pure: the caller raises the soft limit to the hard one first and passes the result.
+    """
+    soft = nofile[0]
+    if soft == resource.RLIM_INFINITY or max_connections + reserve <= soft:
+        return max_connections, None
+    fits = soft - reserve
+    if fits < 1:
+        return 0, (
+            f"the open-file limit ({soft}) leaves no room for client connections after {reserve} kept for "
+            "upstream connections, the admin port and the process: raise `ulimit -n` or lower "
+            "upstreams.max_connections"
+        )
+    return fits, (
+        f"listen.max_connections {max_connections} does not fit the open-file limit ({soft}, `ulimit -n`) with "
+        f"{reserve} descriptors kept for upstream connections, the admin port and the process: serving at most "
+        f"{fits} client connections"
+    )
+
+
+def _raise_nofile() -> tuple[int, int]:
+    """Soft RLIMIT_NOFILE raised to the hard limit (what is allowed without privileges); returns (soft, hard)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft, hard
+
+
 _DEFAULT_LIMITS = Listen()
 
 
@@ -98,15 +154,20 @@ class Server:
         *,
         metrics: Metrics | None = None,
         name: str = "data",
+        fd_reserve: int | None = None,
     ) -> None:
+        """`fd_reserve`: descriptors to keep free beside this server's connections (None: no fd check)."""
         self.name = name
-        self.limits = limits
         self._ctx = ServerContext(handler, limits, metrics)
+        self._fd_reserve = fd_reserve
+        self._fd_cap: int | None = None  # set at serve() when the open-file limit lowers max_connections
         self._address = ""
         self._connections: set[H1Connection | H2Connection] = set()
         self._open = 0
-        self._detecting = 0
+        self._evicting = 0  # evicted, not yet closed: their slots are as good as free
+        self._evicted = 0
         self._accepted = 0
+        self._accept_log = RateLimitedLog(log)
         self._accept_scope: trio.CancelScope | None = None
         self._connections_scope: trio.CancelScope | None = None
         self._acceptors_done = trio.Event()
@@ -115,19 +176,33 @@ class Server:
         self._gauges = {p: metrics.connections_open.labels(protocol=p) for p in ("http1", "h2")} if metrics else None
 
     @property
-    def draining(self) -> bool:
-        return self._ctx.draining
+    def limits(self) -> Listen:
+        return self._ctx.limits
+
+    @limits.setter
+    def limits(self, limits: Listen) -> None:
+        self._ctx.limits = limits  # a reload of listen.* (what applies live does so here)
 
     def update_limits(self, limits: Listen) -> None:
         """Policy reload: new `[listen]` limits, in force from each limit's next use.
 
-        Connections read limits only through the shared context (`ctx.limits`), so
-        swapping that one object applies the body and header caps to the next request,
-        the timeouts from the next phase, max_connections from the next accept, and
-        what a connection fixes when it opens (h2 SETTINGS, h11's head bound) to new
-        connections. The bound address is the one thing it cannot change.
+        Connections and the patrol read limits only through the shared context
+        (`ctx.limits`), so swapping that one object applies the body and header caps to
+        the next request, the timeouts from the next phase, max_connections from the
+        next accept (still held to the open-file cap found at start), and what a
+        connection fixes when it opens (h2 SETTINGS) to new connections. The bound
+        address is the one thing it cannot change.
         """
-        self.limits = self._ctx.limits = limits
+        self._ctx.limits = limits
+
+    @property
+    def max_connections(self) -> int:
+        limit = self._ctx.limits.max_connections
+        return limit if self._fd_cap is None else min(limit, self._fd_cap)
+
+    @property
+    def draining(self) -> bool:
+        return self._ctx.draining
 
     def __repr__(self) -> str:
         state = "draining" if self.draining else "serving" if self._address else "unbound"
@@ -136,28 +211,45 @@ class Server:
     def statistics(self) -> ServerStatistics:
         ctx = self._ctx
         h2 = sum(1 for c in self._connections if isinstance(c, H2Connection))
+        detecting = sum(1 for c in self._connections if isinstance(c, H1Connection) and c.detecting)
         return ServerStatistics(
             name=self.name,
             address=self._address,
             draining=ctx.draining,
-            connections_http1=len(self._connections) - h2,
+            connections_http1=len(self._connections) - h2 - detecting,
             connections_h2=h2,
-            connections_detecting=self._detecting,
+            connections_detecting=detecting,
             connections_accepted=self._accepted,
             connections_rejected=ctx.connections_rejected,
+            connections_evicted=self._evicted,
+            max_connections=self.max_connections,
             requests_in_flight=ctx.requests_in_flight,
             requests_total=ctx.requests_total,
             client_disconnects=ctx.client_disconnects,
             protocol_errors=ctx.protocol_errors,
         )
 
-    async def serve(self, address: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, address: str, *, reuse_port: bool = False, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Bind `address` and serve until cancelled or shut down.
+
+        `reuse_port`: bind with SO_REUSEPORT, so several processes share the port and the
+        kernel spreads connections over them (bench/workers.py measures it; admission is
+        per process, see docs/multicore.md, so the sidecar itself does not offer it).
+        """
+        if self._fd_reserve is not None:
+            cap, why = fd_cap(self._ctx.limits.max_connections, self._fd_reserve, _raise_nofile())
+            if why is not None:
+                if cap < 1:
+                    raise RuntimeError(why)
+                log.warning("%s", why)
+                self._fd_cap = cap
         host, port = parse_address(address)
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        listeners = await (_reuse_port_listener(host, port) if reuse_port else trio.open_tcp_listeners(port, host=host))
         self._address = format_address(listeners[0].socket.getsockname())
         try:
             async with trio.open_nursery() as connections:
                 self._connections_scope = connections.cancel_scope
+                await connections.start(self._ctx.patrol.run)
                 async with trio.open_nursery() as acceptors:
                     self._accept_scope = acceptors.cancel_scope
                     for listener in listeners:
@@ -203,10 +295,12 @@ class Server:
                 except OSError as exc:
                     if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
                         raise
-                    log.warning("accept failed (%s); retrying in %.1fs", exc, _ACCEPT_RETRY_S)
+                    self._accept_log.event(
+                        "accept_failed", "%s: accept failed (%s); retrying in %.1fs", self.name, exc, _ACCEPT_RETRY_S
+                    )
                     await trio.sleep(_ACCEPT_RETRY_S)
                     continue
-                if self._open >= self.limits.max_connections:
+                if self._open - self._evicting >= self.max_connections and not self._make_room():
                     self._ctx.connection_rejected(_peer(stream))
                     stream.socket.close()
                     continue
@@ -216,47 +310,48 @@ class Server:
         finally:
             listener.socket.close()  # from here on, connects are refused
 
+    def _make_room(self) -> bool:
+        """Close the patrol's victim (module doc) for a newcomer; False if every connection is busy."""
+        victim = self._ctx.patrol.victim()
+        if victim is None:
+            return False
+        self._evicting += 1
+        self._evicted += 1
+        victim.evicted = True
+        victim.expire("evicted")
+        return True
+
     async def _connection(self, stream: trio.SocketStream) -> None:
         accepted_at = trio.current_time()
-        peer = _peer(stream)  # now: once the connection failed, getpeername() may fail too
+        peer = _peer(stream)  # now: once the socket is gone the address cannot be asked for
         CLIENT.set(peer)  # this task's context: the connection's tasks inherit it (log lines name the peer)
+        conn: H1Connection | H2Connection = H1Connection(self._ctx, stream, peer, accepted_at)
         try:
-            initial = await self._first_bytes(stream, accepted_at)
-            if initial:
-                await self._run(stream, initial, accepted_at, peer)
+            self._connections.add(conn)
+            await self._serve(conn)
+            initial = conn.h2_initial
+            if initial is not None:
+                self._connections.discard(conn)
+                conn = H2Connection(self._ctx, stream, peer, accepted_at)
+                self._connections.add(conn)
+                await self._serve(conn, initial)
         except Exception:
             # A bug (nothing a connection raises on purpose gets here): its traceback, at a
             # rate a client that can trigger it cannot raise.
             self._ctx.events.event(
-                "connection_failed", "connection from %s failed", peer, level=logging.ERROR, exc_info=True
+                "connection_failed", "connection from %s failed", peer or "?", level=logging.ERROR, exc_info=True
             )
         finally:
+            self._connections.discard(conn)
             stream.socket.close()
             self._open -= 1
+            if getattr(conn, "evicted", False):
+                self._evicting -= 1
             if not self._open and self._ctx.draining:
                 self._all_closed.set()
 
-    async def _first_bytes(self, stream: trio.SocketStream, accepted_at: float) -> bytes:
-        """Read until the bytes are, or cannot be, the HTTP/2 preface. b'' when nothing came in time."""
-        self._detecting += 1
-        buf = b""
-        try:
-            with trio.move_on_at(accepted_at + self.limits.header_timeout_s):
-                while len(buf) < len(PREFACE) and PREFACE.startswith(buf):
-                    data = await stream.receive_some(RECEIVE_SIZE)
-                    if not data:
-                        return b""
-                    buf += data
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return b""
-        finally:
-            self._detecting -= 1
-        return buf
-
-    async def _run(self, stream: trio.SocketStream, initial: bytes, accepted_at: float, peer: str) -> None:
-        kind = H2Connection if initial.startswith(PREFACE) else H1Connection
-        conn = kind(self._ctx, stream, peer, accepted_at)
-        self._connections.add(conn)
+    async def _serve(self, conn: H1Connection | H2Connection, initial: bytes | None = None) -> None:
+        # connections_open{protocol="http1"} counts a connection from accept (while it is told apart from h2c).
         gauge = self._gauges[conn.protocol] if self._gauges else None
         if gauge is not None:
             gauge.inc()
@@ -265,9 +360,17 @@ class Server:
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.debug("connection %r lost: %s", conn, exc)
         finally:
-            self._connections.discard(conn)
             if gauge is not None:
                 gauge.dec()
+
+
+async def _reuse_port_listener(host: str | None, port: int) -> list[trio.SocketListener]:
+    sock = trio.socket.socket(trio.socket.AF_INET6 if host and ":" in host else trio.socket.AF_INET)
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEPORT, 1)
+    await sock.bind((host or "0.0.0.0", port))
+    sock.listen(4096)
+    return [trio.SocketListener(sock)]
 
 
 def _peer(stream: trio.SocketStream) -> str:

@@ -35,6 +35,7 @@ reused descriptor. Only one task may read, and one write, a socket at a time
 from __future__ import annotations
 
 import errno
+import math
 import os
 
 import trio
@@ -63,8 +64,14 @@ async def _done_without_waiting() -> None:
         await trio.lowlevel.cancel_shielded_checkpoint()
 
 
-async def send_all(sock: trio.socket.SocketType, data: bytes | bytearray | memoryview) -> None:
-    """Write all of `data`: at once if the kernel takes it, else waiting for room."""
+async def send_all(
+    sock: trio.socket.SocketType, data: bytes | bytearray | memoryview, deadline: float = math.inf
+) -> None:
+    """Write all of `data`: at once if the kernel takes it, else waiting for room until `deadline`.
+
+    Past `deadline` (trio time) it raises trio.TooSlowError. Only a write that has to
+    wait pays for the cancel scope that takes.
+    """
     global _streak
     await trio.lowlevel.checkpoint_if_cancelled()
     try:
@@ -77,15 +84,16 @@ async def send_all(sock: trio.socket.SocketType, data: bytes | bytearray | memor
         await _done_without_waiting()
         return
     view = memoryview(data)
-    while sent < len(view):
-        _check_open(sock)
-        try:
-            await trio.lowlevel.wait_writable(sock)  # a checkpoint; ClosedResourceError if closed meanwhile
-            sent += os.write(sock.fileno(), view[sent:])
-        except BlockingIOError:
-            continue
-        except OSError as exc:
-            raise _translate(exc) from exc
+    with trio.fail_at(deadline):
+        while sent < len(view):
+            _check_open(sock)
+            try:
+                await trio.lowlevel.wait_writable(sock)  # a checkpoint; ClosedResourceError if closed meanwhile
+                sent += os.write(sock.fileno(), view[sent:])
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                raise _translate(exc) from exc
     _streak = 0
 
 
@@ -123,8 +131,8 @@ class SocketIO:
     def __init__(self, sock: trio.socket.SocketType) -> None:
         self.sock = sock
 
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await send_all(self.sock, data)
+    async def send_all(self, data: bytes | bytearray | memoryview, deadline: float = math.inf) -> None:
+        await send_all(self.sock, data, deadline)
 
     async def receive(self, max_bytes: int, wait_first: bool) -> bytes:
         return await receive(self.sock, max_bytes, wait_first)
@@ -138,8 +146,9 @@ class StreamIO:
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
 
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self.stream.send_all(data)
+    async def send_all(self, data: bytes | bytearray | memoryview, deadline: float = math.inf) -> None:
+        with trio.fail_at(deadline):
+            await self.stream.send_all(data)
 
     async def receive(self, max_bytes: int, wait_first: bool) -> bytes:
         return await self.stream.receive_some(max_bytes)

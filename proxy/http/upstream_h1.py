@@ -1,12 +1,15 @@
-"""HTTP/1.1 upstream connection: one socket and one h11 state machine, reused request after request.
+"""HTTP/1.1 upstream connection: one socket and one llhttp response parser, reused request after request.
 
 Theory of operation: `H1Connection.open(host, port)` connects (TCP_NODELAY, as trio
 sets it); `send_request(...)` writes the request and returns an `H1Response` once
 the response head has arrived; the caller pulls body chunks with `receive()` as
 they arrive and then `aclose()`s it. A connection whose exchange ended cleanly on
-both sides is reset with h11's `start_next_cycle()` and can carry the next
-request; anything else (body not read to the end, `connection: close`, bytes
-after the response, an error, a cancellation) closes it. The caller's task does
+both sides (request sent whole, response complete and keep-alive) can carry the
+next request; anything else (body not read to the end, `connection: close`, a
+close-delimited body, a HEAD, bytes after the response, an error, a
+cancellation) closes it. Heads are written by hand (`h1write`) and responses
+parsed by llhttp (`h1parse.ResponseParser`, whose doc lists the framing rules);
+why not h11 is in `h1parse`. The caller's task does
 every read and write of the common request (a body of at most SMALL_BODY_BYTES,
 sent with the head), so it costs no spawns.
 
@@ -27,14 +30,15 @@ may still find a complete early answer in the receive buffer. Without a nursery
 (standalone use) the body is sent before reading, as HTTP/1.1 clients commonly do.
 
 Invariants:
-- a connection carries at most one request at a time (h11 enforces it).
+- a connection carries at most one request at a time (`_busy` until the cycle ends).
 - `request_sent` on a raised `UpstreamError` is False only when no byte of this
   request was accepted by the kernel; the pool retries only then (a stale socket
   can fail the very first send). Sends are counted by hand (os.write, then
   `wait_writable`) because `SocketStream.send_all` does not say how much went.
 - a connection is reused only when both sides are DONE and no sender task runs;
-  the sender's last write and its h11 END happen in one step (no checkpoint
-  between), so a response that ends right after our last byte keeps the connection.
+  the sender's last write and marking the request sent happen in one step (no
+  checkpoint between), so a response that ends right after our last byte keeps
+  the connection.
 - head and a small body leave in one send (one segment, one syscall).
 - reads go through `sockio`: after a request is sent the response cannot be
   there yet, so the first read waits for readability and then reads once.
@@ -53,11 +57,12 @@ import select
 from collections.abc import AsyncIterable
 from typing import Any, Self
 
-import h11
 import trio
 
-from proxy.errors import ProtocolError, UpstreamConnectError, UpstreamError, UpstreamProtocolError
-from proxy.http import h11events, sockio
+from proxy.errors import ProtocolError, UpstreamConnectError, UpstreamError, UpstreamProtocolError, UpstreamTimeout
+from proxy.http import sockio
+from proxy.http.h1parse import ResponseHead, ResponseParser
+from proxy.http.h1write import LAST_CHUNK, FieldError, chunk, request_head
 from proxy.http.messages import Headers
 
 RECV_BYTES = 65_536
@@ -74,7 +79,7 @@ def framed(method: bytes, headers: Headers, body: Any) -> Headers:
     """`headers` with framing that matches `body`.
 
     A bytes body gets its exact content-length. A streamed body keeps a caller's
-    content-length (h11 then enforces the count) or else goes chunked.
+    content-length (the sender then enforces the count) or else goes chunked.
     """
     has_cl = has_te = False
     for k, _ in headers:
@@ -98,17 +103,20 @@ def framed(method: bytes, headers: Headers, body: Any) -> Headers:
 
 class H1Connection:
     __slots__ = (
-        "_h11",
+        "_busy",
         "_nursery",
         "_poll",
+        "_rp",
         "_send_error",
         "_sender",
+        "_sent_all",
         "_sent_any",
         "_sock",
         "closed",
         "idle_since",
         "label",
         "requests",
+        "timed_out",
     )
 
     def __init__(self, sock: trio.socket.SocketType, label: str, nursery: trio.Nursery | None = None) -> None:
@@ -120,11 +128,14 @@ class H1Connection:
         # new one per call. It holds only the descriptor number, and is asked only while open.
         self._poll = select.poll()
         self._poll.register(sock.fileno(), select.POLLIN)
-        self._h11 = h11.Connection(h11.CLIENT)
+        self._rp = ResponseParser()
+        self._busy = False  # a request is on this connection (sent or being sent, answer not finished)
+        self._sent_all = False  # the current request left whole
         self.label = label
         self.idle_since = 0.0  # trio.current_time() when it last went idle (the pool sets it)
         self.requests = 0
         self.closed = False
+        self.timed_out = False  # closed by the pool's deadline keeper
         self._sent_any = False
 
     @classmethod
@@ -143,7 +154,17 @@ class H1Connection:
 
     def is_stale(self) -> bool:
         """True if this idle connection must not carry another request."""
-        return self.closed or self._h11.our_state is not h11.IDLE or bool(self._poll.poll(0))
+        return self.closed or self._busy or bool(self._poll.poll(0))
+
+    def deadline_passed(self) -> None:
+        """The exchange's deadline (pool.DeadlineKeeper): close; the waiting caller gets UpstreamTimeout."""
+        self.timed_out = True
+        self.close()
+
+    def _timeout(self) -> UpstreamTimeout:
+        return UpstreamTimeout(
+            f"upstream {self.label}: the request's deadline passed", upstream=self.label, request_sent=True
+        )
 
     def close(self) -> None:
         """Close now (synchronous, so it is safe on cancellation paths)."""
@@ -160,65 +181,72 @@ class H1Connection:
         returns if the connection has a nursery (full duplex, module doc).
         """
         await trio.lowlevel.checkpoint_if_cancelled()  # the writes below do not checkpoint
-        h = self._h11
-        self._sent_any = False
+        if self._busy or self.closed:
+            raise RuntimeError(f"{self!r} is not idle")
+        self._busy = True
+        self._sent_any = self._sent_all = False
         self.requests += 1
+        self._rp.expect(method)
+        headers = framed(method, headers, body)
         try:
-            head = h.send(h11events.request(method, target, framed(method, headers, body)))
-            if isinstance(body, _BYTES_LIKE) and len(body) <= SMALL_BODY_BYTES:
-                if body:
-                    head += h.send(h11.Data(data=body))
-                await self._write(head + h.send(h11events.END))
-            else:
-                await self._write(head)
-                if self._nursery is None:
-                    await self._send_body(body)
-                else:
-                    self._start_sender(body)
-        except h11.LocalProtocolError as exc:
+            head = request_head(method, target, headers)
+        except FieldError as exc:
             raise ProtocolError(f"upstream {self.label}: cannot send request: {exc}") from exc
-        wait_first = True  # the answer cannot be here yet: wait for it, then read once
-        while True:
-            event = await self._next_event(wait_first)
-            wait_first = False
-            if type(event) is h11.Response:
-                return H1Response(self, event)
-            if type(event) is not h11.InformationalResponse:  # 1xx are skipped
-                raise self._send_error or UpstreamProtocolError(
-                    f"upstream {self.label} closed the connection before responding",
-                    upstream=self.label,
-                    request_sent=True,
-                )
-
-    async def _send_body(self, body: Body) -> None:
-        """Everything after the head. For bytes, h11's END comes right after the last write (no checkpoint)."""
-        h = self._h11
-        if isinstance(body, _BYTES_LIKE):
-            for piece in h.send_with_data_passthrough(h11.Data(data=body)) or ():
-                await self._write(piece)
-            h.send(h11events.END)  # content-length framing: nothing more to write
+        if isinstance(body, _BYTES_LIKE) and len(body) <= SMALL_BODY_BYTES:
+            await self._write(head + body if body else head)
+            self._sent_all = True
         else:
-            async for chunk in body:
-                if chunk:
-                    await self._write(h.send(h11.Data(data=chunk)))
-            await self._write(h.send(h11events.END))
+            await self._write(head)
+            length = None
+            for k, v in headers:
+                if k == b"content-length":
+                    length = int(v)
+            if self._nursery is None:
+                await self._send_body(body, length)
+            else:
+                self._start_sender(body, length)
+        rp = self._rp
+        wait_first = True  # the answer cannot be here yet: wait for it, then read once
+        while rp.head is None:
+            await self._fill(wait_first)
+            wait_first = False
+        return H1Response(self, rp.head)
 
-    def _start_sender(self, body: Body) -> None:
+    async def _send_body(self, body: Body, length: int | None) -> None:
+        """Everything after the head; `_sent_all` is set right after the last write (no checkpoint)."""
+        if isinstance(body, _BYTES_LIKE):
+            await self._write(body)  # content-length framing (framed() set it)
+        elif length is not None:
+            left = length
+            async for piece in body:
+                if len(piece) > left:
+                    raise ProtocolError(f"upstream {self.label}: request body longer than its content-length")
+                left -= len(piece)
+                if piece:
+                    await self._write(piece)
+            if left:
+                raise ProtocolError(f"upstream {self.label}: request body shorter than its content-length")
+        else:
+            async for piece in body:
+                if piece:
+                    await self._write(chunk(piece))
+            await self._write(LAST_CHUNK)
+        self._sent_all = True
+
+    def _start_sender(self, body: Body, length: int | None) -> None:
         assert self._nursery is not None
         self._sender = scope = trio.CancelScope()
         self._send_error = None
-        self._nursery.start_soon(self._sender_task, scope, body)
+        self._nursery.start_soon(self._sender_task, scope, body, length)
 
-    async def _sender_task(self, scope: trio.CancelScope, body: Body) -> None:
+    async def _sender_task(self, scope: trio.CancelScope, body: Body, length: int | None) -> None:
         """The body, sent while the caller reads the response. Never raises into the nursery."""
         with scope:
             try:
-                await self._send_body(body)
+                await self._send_body(body, length)
             except UpstreamError as exc:
                 self._send_error = exc  # the socket failed: the reader sees that itself (module doc)
             except Exception as exc:
-                if isinstance(exc, h11.LocalProtocolError):
-                    exc = ProtocolError(f"upstream {self.label}: cannot send request: {exc}")
                 self._send_error = exc
                 self.close()  # the request cannot be completed: wake the reader, abort upstream
             finally:
@@ -246,6 +274,8 @@ class H1Connection:
                     except BlockingIOError:
                         pass
         except (OSError, trio.ClosedResourceError) as exc:
+            if self.timed_out:
+                raise self._timeout() from exc
             raise UpstreamProtocolError(
                 f"upstream {self.label}: send failed: {exc}",
                 upstream=self.label,
@@ -255,39 +285,43 @@ class H1Connection:
             if sent:
                 self._sent_any = True
 
-    async def _next_event(self, wait_first: bool = False) -> Any:
-        h = self._h11
-        while True:
-            try:
-                event = h.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise UpstreamProtocolError(
-                    f"upstream {self.label}: bad response: {exc}", upstream=self.label, request_sent=True
-                ) from exc
-            if event is not h11.NEED_DATA:
-                return event
-            try:
-                data = await sockio.receive(self._sock, RECV_BYTES, wait_first)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                if self._send_error is not None:  # the sender closed it, or the socket broke sending
-                    raise self._send_error from exc
-                raise UpstreamProtocolError(
-                    f"upstream {self.label}: receive failed: {exc}", upstream=self.label, request_sent=True
-                ) from exc
-            wait_first = False
-            h.receive_data(data)  # b"" records EOF; h11 decides what it means
+    async def _fill(self, wait_first: bool) -> None:
+        """Read once more and parse it; raises the upstream's error if it broke the response."""
+        try:
+            data = await sockio.receive(self._sock, RECV_BYTES, wait_first)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            if self.timed_out:
+                raise self._timeout() from exc
+            if self._send_error is not None:  # the sender closed it, or the socket broke sending
+                raise self._send_error from exc
+            raise UpstreamProtocolError(
+                f"upstream {self.label}: receive failed: {exc}", upstream=self.label, request_sent=True
+            ) from exc
+        rp = self._rp
+        if data:
+            rp.feed(data)
+        else:
+            rp.eof()
+        if rp.error is not None:
+            if not data and rp.head is None and self._send_error is not None:
+                raise self._send_error
+            what = "closed the connection before responding" if not data and rp.head is None else rp.error
+            raise UpstreamProtocolError(f"upstream {self.label}: {what}", upstream=self.label, request_sent=True)
 
     def finish_cycle(self) -> bool:
         """After a complete response: get ready for the next request. False: close instead."""
-        h = self._h11
+        rp = self._rp
+        head = rp.head
         if (
-            h.our_state is h11.DONE
-            and h.their_state is h11.DONE
-            and not h.trailing_data[0]
+            rp.complete
+            and head is not None
+            and head.keep_alive
+            and not rp.trailing
+            and self._sent_all
             and not self.closed
             and self._sender is None
         ):
-            h.start_next_cycle()
+            self._busy = False
             return True
         return False
 
@@ -296,13 +330,13 @@ class H1Connection:
             "label": self.label,
             "requests": self.requests,
             "closed": self.closed,
+            "busy": self._busy,
             "sending": self._sender is not None,
-            "our_state": str(self._h11.our_state),
-            "their_state": str(self._h11.their_state),
+            "response_complete": self._rp.complete,
         }
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else self._h11.our_state.__name__.lower()
+        state = "closed" if self.closed else "busy" if self._busy else "idle"
         sending = " sending" if self._sender is not None else ""
         return f"<H1Connection {self.label} {state}{sending} requests={self.requests}>"
 
@@ -314,6 +348,7 @@ class H1Response:
         "closed",
         "complete",
         "connection",
+        "deadline_entry",
         "failed",
         "headers",
         "http_version",
@@ -323,37 +358,36 @@ class H1Response:
     )
     http_version: str
 
-    def __init__(self, connection: H1Connection, event: h11.Response) -> None:
-        self.status: int = event.status_code
-        self.headers: Headers = h11events.header_list(event.headers)  # lower-case names
-        self.http_version = event.http_version.decode("ascii")
+    def __init__(self, connection: H1Connection, head: ResponseHead) -> None:
+        self.status: int = head.status
+        self.headers: Headers = head.headers  # lower-case names
+        self.http_version = head.version
         self.connection = connection
         self.complete = False
         self.failed = False  # receive() raised: the upstream broke the response
         self.closed = False
         self.owner: Any = None
         self.started_at = 0.0
+        self.deadline_entry: list | None = None  # the pool's deadline keeper entry, disarmed at release
 
     async def receive(self) -> bytes:
         """Next body chunk as it arrived; b"" once the body has ended."""
-        if self.complete:
-            return b""
-        try:
-            event = await self.connection._next_event()
-        except UpstreamProtocolError:
-            self.failed = True
-            raise
-        if type(event) is h11.Data:
-            return bytes(event.data)
-        if type(event) is h11.EndOfMessage:
-            self.complete = True
-            return b""
-        self.failed = True
-        raise UpstreamProtocolError(
-            f"upstream {self.connection.label}: unexpected {type(event).__name__} in body",
-            upstream=self.connection.label,
-            request_sent=True,
-        )
+        rp = self.connection._rp
+        while True:
+            if rp.body:
+                return rp.body.popleft()
+            if rp.complete:
+                self.complete = True
+                return b""
+            if self.failed:
+                raise UpstreamProtocolError(
+                    f"upstream {self.connection.label}: response already failed", upstream=self.connection.label
+                )
+            try:
+                await self.connection._fill(False)
+            except UpstreamError:
+                self.failed = True
+                raise
 
     async def read(self) -> bytes:
         """The whole remaining body (for small responses and tests)."""
@@ -365,19 +399,11 @@ class H1Response:
     def reusable(self) -> bool:
         """Ready the connection for another request if this exchange ended cleanly.
 
-        A body the caller did not read may already sit in h11's buffer whole (a
-        204, a small answer): finish it without I/O rather than lose the connection.
+        A body the caller did not read may have arrived whole already (a 204, a
+        small answer): that still ends the exchange cleanly, without I/O.
         """
-        h = self.connection._h11
-        try:
-            while not self.complete and not self.failed:
-                event = h.next_event()
-                if type(event) is h11.EndOfMessage:
-                    self.complete = True
-                elif type(event) is not h11.Data:
-                    break  # NEED_DATA: the rest is still on the wire
-        except h11.RemoteProtocolError:
-            return False
+        if not self.failed and self.connection._rp.complete:
+            self.complete = True
         return self.complete and self.connection.finish_cycle()
 
     async def aclose(self) -> None:

@@ -5,8 +5,10 @@ Theory of operation: these tables feed the pure admission core
 plain attributes. Units are in the names; "units" means the limit's unit
 (`limits.unit`: requests, or tokens = prompt + output tokens, a proxy for KV
 cache). Rules that relate fields (class names referenced elsewhere, limit
-bounds, reserved slots below the minimum limit) are in `check_admission`, one
-message per problem, each naming its key.
+bounds, engine_queue's needs) are in `check_admission`, one message per problem,
+each naming its key. Reserved slots are not bounded by the limit here: the core
+scales them down to what a limit allows (proxy/core/capacity.py), so a policy
+with { realtime = 2 } also fits a serial server with a limit of 1.
 
 `[classes]` and `[[routes]]` replace the defaults as a whole when written: a
 policy that defines `[classes.gold]` has only that class (and must then name it
@@ -39,9 +41,17 @@ class Scheduling(Section):
         Meta(
             ge=0,
             le=1_000_000,
-            description="SJF aging: a queued request's key drops by this many ms of expected service time per second waited (1000: one ms per ms).",
+            description="SJF aging: a queued request's key drops by this many ms of expected service time per second waited (1000: one ms per ms). A ratio, so it is scale-free: 100 lets a request pass one expected to take 0.1 s less for each second it waited longer, in any backend's time scale.",
         ),
-    ] = 250.0
+    ] = 100.0
+    fcfs_wait_multiple: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=1000,
+            description="Starvation bound in the backend's own terms: a queued request is overdue (served first, earliest due first) once it has waited this multiple of the wait first-come-first-served would have given it (the work ahead of it at arrival over the parallelism). SJF keeps the short requests' gain while no request waits much more than FCFS makes it wait. 0: off (only max_queue_wait_ms).",
+        ),
+    ] = 2.0
     class_mode: Annotated[
         Literal["strict", "weighted"],
         Meta(
@@ -54,7 +64,7 @@ class Scheduling(Section):
     reserved_slots: Annotated[
         dict[ClassName, Annotated[int, Meta(ge=0, le=10_000_000)]],
         Meta(
-            description="Per upstream, limit units only this class may use, so it skips the wait (e.g. { realtime = 2 }); idle when that class sends nothing. Their sum must stay below limits.min_limit."
+            description="Per upstream, limit units only this class may use, so it skips the wait (e.g. { realtime = 2 }); idle when that class sends nothing. While the limit is smaller than their sum + 1 they are scaled down to leave one unit to every class (none at a limit of 1)."
         ),
     ] = msgspec.field(default_factory=dict)
     parse_max_bytes: Annotated[
@@ -81,6 +91,14 @@ class Scheduling(Section):
             description="How many samples the route's service-time priors are worth before observations outweigh them.",
         ),
     ] = 5.0
+    unjudged_in_flight: Annotated[
+        int,
+        Meta(
+            ge=0,
+            le=1_000_000,
+            description="While a route's service-time model has only its priors (no answer, no request cut at its deadline, no warm-up probe yet), at most this many of its requests with a deadline go upstream at once; the rest wait for the first answer. 0: trust the priors.",
+        ),
+    ] = 1
     drain_window_s: Annotated[
         float,
         Meta(
@@ -109,9 +127,9 @@ class ClassPolicy(Section):
         Meta(
             ge=1,
             le=86_400_000,
-            description="Past this wait a request goes to the front, ahead of SJF order and other classes, so nothing starves. Keep it above normal queue waits, or SJF turns into FCFS.",
+            description="Absolute backstop of the starvation bound (the bound in the backend's terms is scheduling.fcfs_wait_multiple): past this wait a request goes to the front, ahead of SJF order and other classes. Keep it above normal queue waits, or SJF turns into FCFS.",
         ),
-    ] = 10_000
+    ] = 600_000
     default_timeout_ms: Annotated[
         int,
         Meta(
@@ -137,7 +155,7 @@ def default_classes() -> dict[str, ClassPolicy]:
             priority=0,
             weight=8,
             max_queue_length=64,
-            max_queue_wait_ms=500,
+            max_queue_wait_ms=10_000,
             default_timeout_ms=2000,
             max_timeout_ms=10_000,
         ),
@@ -145,7 +163,7 @@ def default_classes() -> dict[str, ClassPolicy]:
             priority=1,
             weight=4,
             max_queue_length=256,
-            max_queue_wait_ms=10_000,
+            max_queue_wait_ms=120_000,
             default_timeout_ms=30_000,
             max_timeout_ms=120_000,
         ),
@@ -153,7 +171,7 @@ def default_classes() -> dict[str, ClassPolicy]:
             priority=2,
             weight=1,
             max_queue_length=1024,
-            max_queue_wait_ms=120_000,
+            max_queue_wait_ms=3_600_000,
             default_timeout_ms=600_000,
             max_timeout_ms=3_600_000,
         ),
@@ -231,9 +249,9 @@ class Limits(Section):
     """Concurrency limit per upstream: how much is let in at once (the engine's effective batch)."""
 
     kind: Annotated[
-        Literal["fixed", "gradient"],
+        Literal["fixed", "gradient", "engine_queue"],
         Meta(
-            description="fixed: initial_limit always; gradient: adapt to latency (Netflix Gradient2 / Envoy adaptive concurrency)."
+            description="fixed: initial_limit always; gradient: adapt to latency (Netflix Gradient2 / Envoy adaptive concurrency), never above what the engine runs without queueing once its gauges are read; engine_queue: the largest limit at which the engine's own waiting queue (vLLM num_requests_waiting, Triton nv_inference_pending_request_count) stays near zero, so every queued request waits in rampmeter, where it is ordered. engine_queue needs the engine's gauges (gpu.upstream_metrics_path or upstreams[].metrics_url) and unit = requests."
         ),
     ] = "gradient"
     unit: Annotated[
@@ -302,11 +320,13 @@ def check_admission(policy) -> list[str]:
     for name in sched.reserved_slots:
         if name not in classes:
             problems.append(f"scheduling.reserved_slots.{name}: unknown class {name!r} (classes: {', '.join(classes)})")
-    reserved = sum(sched.reserved_slots.values())
-    if reserved >= limits.min_limit:
-        problems.append(
-            f"scheduling.reserved_slots: {reserved} reserved units must stay below limits.min_limit ({limits.min_limit})"
-        )
+    if limits.kind == "engine_queue":
+        if limits.unit != "requests":
+            problems.append("limits.kind: engine_queue follows the engine's request queue; it needs unit = requests")
+        if not policy.gpu.upstream_metrics_path and not any(u.metrics_url for u in policy.upstreams):
+            problems.append(
+                "limits.kind: engine_queue needs the engine's gauges: set gpu.upstream_metrics_path (e.g. /metrics) or upstreams[].metrics_url"
+            )
     if limits.min_limit > limits.max_limit:  # the bounds themselves; initial_limit is not the one to blame
         problems.append(
             f"limits.min_limit: {limits.min_limit} is above limits.max_limit ({limits.max_limit}); the gradient moves between them"

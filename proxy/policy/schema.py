@@ -23,7 +23,7 @@ from proxy.policy import batching as _batching
 from proxy.policy import dedup as _dedup
 from proxy.policy import shedding as _shedding
 from proxy.policy import warmup as _warmup
-from proxy.policy.base import Section
+from proxy.policy.base import Section, cross_check
 
 # Ports as the OS takes them: 0-65535 (0: any free port, for listeners), without leading zeros.
 _PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}|0)"
@@ -47,7 +47,12 @@ class Listen(Section):
 
     address: Annotated[HostPort, Meta(description="Where clients connect.")] = "0.0.0.0:8080"
     max_connections: Annotated[
-        int, Meta(ge=1, le=1_000_000, description="Open client connections; more are refused at accept.")
+        int,
+        Meta(
+            ge=1,
+            le=1_000_000,
+            description="Open client connections. At the limit a newcomer is still served: the connection that has been silent longest (a stalled head or body, the longest-idle keep-alive one) is closed to make room; only when all are busy with requests is the newcomer refused. Capped at start to what the open-file limit allows after the upstream connections and the admin port.",
+        ),
     ] = 4096
     max_concurrent_streams: Annotated[
         int,
@@ -65,6 +70,14 @@ class Listen(Section):
     ] = 16_777_216
     header_timeout_s: Annotated[
         float, Meta(gt=0, le=3600, description="Time a client has to send a complete request head; slower gets 408.")
+    ] = 10.0
+    body_timeout_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            le=3600,
+            description="Longest wait for the next bytes of a request body (and for its first); longer gets 408 and the connection closes (as nginx's client_body_timeout). The request's own deadline (x-request-timeout-ms, grpc-timeout) also applies while its body is read.",
+        ),
     ] = 10.0
     idle_timeout_s: Annotated[
         float, Meta(gt=0, le=86_400, description="Idle keep-alive connections are closed after this long.")
@@ -84,6 +97,86 @@ class Listen(Section):
             description='Path prefixes the data port serves, e.g. ["/v1/"]; any other path gets 404 from the sidecar and never reaches the model server (its /metrics, /docs, admin routes). Empty: every path is forwarded.',
         ),
     ] = msgspec.field(default_factory=list)
+    # --- bounds on what one client can make the sidecar hold or do (docs/security.md) ---
+    body_timeout_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            le=3600,
+            description="Longest wait for the next bytes of a request body while the sidecar is reading it; past it the request ends (HTTP/2: RST_STREAM CANCEL). The request's own x-request-timeout-ms / grpc-timeout apply while the body is read too.",
+        ),
+    ] = 30.0
+    h2_send_timeout_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            le=3600,
+            description="HTTP/2: a client that takes no response bytes for this long has the stream reset (RST_STREAM CANCEL) when it holds back its flow-control window, or the connection closed when it stops reading the socket.",
+        ),
+    ] = 30.0
+    h2_connection_window_bytes: Annotated[
+        int,
+        Meta(
+            ge=65_535,
+            le=2_147_483_647,
+            description="HTTP/2 receive window per connection: the most request-body bytes one connection can have buffered and not yet read.",
+        ),
+    ] = 1_048_576
+    h2_body_bytes_per_connection: Annotated[
+        int,
+        Meta(
+            ge=65_536,
+            le=68_719_476_736,
+            description="HTTP/2 request-body bytes one connection's open requests may hold in all (each request up to max_body_bytes); a stream that would pass it is refused (REFUSED_STREAM: safe to retry). At least max_body_bytes.",
+        ),
+    ] = 33_554_432
+    h2_send_buffer_bytes: Annotated[
+        int,
+        Meta(
+            ge=65_536,
+            le=1_073_741_824,
+            description="HTTP/2 response bytes one connection may hold for a client that is not reading them. Within it, a finished upstream response releases its admission slot at once; beyond it, responses wait for the client.",
+        ),
+    ] = 1_048_576
+    h2_control_frame_burst: Annotated[
+        int,
+        Meta(
+            ge=10,
+            le=1_000_000_000,
+            description="HTTP/2 control frames (PING, SETTINGS, WINDOW_UPDATE, RST_STREAM, PRIORITY, empty DATA, CONTINUATION) a connection may send beyond what its requests earn (100 per stream, 10 per DATA frame sent); past it: GOAWAY ENHANCE_YOUR_CALM.",
+        ),
+    ] = 1000
+    h2_control_frames_per_s: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=1_000_000_000,
+            description="HTTP/2 control frames a connection earns per second, on top of its work.",
+        ),
+    ] = 100.0
+    h2_reset_burst: Annotated[
+        int,
+        Meta(
+            ge=1,
+            le=1_000_000_000,
+            description="HTTP/2 streams a client may reset before their response ends (rapid reset, CVE-2023-44487) at once; past it and h2_resets_per_s: GOAWAY ENHANCE_YOUR_CALM.",
+        ),
+    ] = 200
+    h2_resets_per_s: Annotated[
+        float,
+        Meta(ge=0, le=1_000_000_000, description="HTTP/2 early stream resets a connection earns per second."),
+    ] = 33.0
+
+
+@cross_check
+def check_listen(policy) -> list[str]:
+    listen = policy.listen
+    if listen.h2_body_bytes_per_connection < listen.max_body_bytes:
+        return [
+            f"listen.h2_body_bytes_per_connection: must be at least listen.max_body_bytes ({listen.max_body_bytes}), "
+            f"got {listen.h2_body_bytes_per_connection}"
+        ]
+    return []
 
 
 class Admin(Section):
@@ -135,6 +228,19 @@ class Upstream(Section):
     cooldown_s: Annotated[
         float, Meta(ge=0, le=3600, description="An upstream that refuses connections is set aside this long.")
     ] = 5.0
+    metrics_url: Annotated[
+        str,
+        Meta(
+            pattern=r"^(http://[^/?#]+(/.*)?)?$",
+            description="Where this server's own Prometheus gauges are, when not at the upstream URL + gpu.upstream_metrics_path (Triton: http://HOST:8002/metrics). Empty: that path.",
+        ),
+    ] = ""
+    stops_on_cancel: Annotated[
+        bool | Literal["auto"],
+        Meta(
+            description="Whether the server stops working on a request when the sidecar disconnects (vLLM: true; llama.cpp non-streaming, LitServe, PyTriton, MLServer, most embeddings servers: false). false: a request cut at its deadline keeps its admission slot (a phantom lease) for its expected remaining service time, since the server is still computing it. auto: assume false until the engine's own gauges (gpu.upstream_metrics_path) show cut requests gone.",
+        ),
+    ] = "auto"
 
 
 class Policy(Section):

@@ -76,17 +76,33 @@ class Shedding(Section):
         Meta(
             ge=0,
             le=600_000,
-            description="codel: a queue whose minimum wait over a whole interval stays above this is a standing queue (one CoDel per class): its class is shed by CoDel's control law, every class below it wholly. Keep it above the wait the top class sees near capacity (a good fraction of a typical service time), or CoDel sheds requests that would meet their deadlines.",
+            description="codel: the floor of the target; the target in force is the larger of this and codel_target_p50_ratio x the observed p50 service time. A queue whose minimum wait over a whole interval stays above the target is a standing queue (one CoDel per class): its class is shed by CoDel's control law, every class below it wholly; never a request whose deadline the queue ahead of it would drain within.",
         ),
-    ] = 500.0
+    ] = 5.0
     codel_interval_ms: Annotated[
         float,
         Meta(
             gt=0,
             le=600_000,
-            description="codel: the interval over which each class's minimum queue wait is taken; while a queue stands its class sheds one arrival per interval/sqrt(drops so far); the first interval below target ends it. At least a typical service time, so shedding one class can show its effect before the next is shed.",
+            description="codel: the floor of the interval; the interval in force is the larger of this, the target and codel_interval_p99_ratio x the observed p99 service time. Each class's minimum queue wait is taken over it; while a queue stands its class sheds one arrival per interval/sqrt(drops so far); the first interval below target ends it.",
         ),
-    ] = 2000.0
+    ] = 100.0
+    codel_target_p50_ratio: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=1000,
+            description="codel: the target as a multiple of the observed p50 service time (the backend's own time scale: near capacity a request waits a good fraction of a service time for a slot). 0: codel_target_ms alone.",
+        ),
+    ] = 0.5
+    codel_interval_p99_ratio: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=1000,
+            description="codel: the interval as a multiple of the observed p99 service time, so shedding can show its effect before the next interval is judged. 0: codel_interval_ms alone.",
+        ),
+    ] = 1.0
     retry_after_min_ms: Annotated[
         int, Meta(ge=0, le=3_600_000, description="Smallest Retry-After a rejection carries.")
     ] = 100
@@ -187,6 +203,8 @@ def shed_config(section: Shedding, n_classes: int) -> ShedConfig:
         saturation_growth_ratio=section.saturation_growth_pct / 100.0 if "saturation" in on else None,
         codel_target_ms=section.codel_target_ms if "codel" in on else None,
         codel_interval_ms=section.codel_interval_ms,
+        codel_target_p50_ratio=section.codel_target_p50_ratio,
+        codel_interval_p99_ratio=section.codel_interval_p99_ratio,
     )
 
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -182,18 +183,47 @@ class Batcher:
         sink: ResponseSink,
         extra_headers: Headers,
         ticket: Ticket,
+        on_complete: Callable[[Forwarded], None] | None = None,
+        *,
+        scoped: bool = True,
     ) -> Forwarded:
+        """relay.forward's contract (`on_complete` before the last write); a batched member needs the
+        caller's deadline scope (`batches()` says which requests may be batched)."""
+        route = self._route(request)
+        part = None if route is None else route.codec.parse(body)
+        why = None if route is None or part is None else self._alone(route, part)
+        if route is None or part is None or why is not None:
+            if route is not None and why is not None:
+                route.m.alone(why)
+            return await relay.forward(
+                pool,
+                upstream,
+                timeout_s,
+                request,
+                body,
+                sink,
+                extra_headers,
+                ticket.deadline,
+                on_complete,
+                scoped=scoped,
+            )
+        assert scoped, "a batched request runs under its deadline's scope"
+        answer = await self._gather(route, upstream, pool, timeout_s, request, body, part, ticket)
+        result = Forwarded(answer.outcome, answer.status, answer.service_ms, answer.observed, answer.reason)
+        if on_complete is not None:
+            on_complete(result)
+        await sink.respond(answer.status, answer.headers + extra_headers, answer.body)
+        return result
+
+    def batches(self, request: Request) -> bool:
+        """Whether `request` may be batched (its route batches): the request path then keeps its scope."""
+        return self._route(request) is not None
+
+    def _route(self, request: Request) -> _Route | None:
         route = self._routes.get(request.path) if self._routes else None
         if route is None or self._nursery is None or request.method != _POST:
-            return await relay.forward(pool, upstream, timeout_s, request, body, sink, extra_headers, ticket.deadline)
-        part = route.codec.parse(body)
-        why = self._alone(route, part)
-        if why is not None:
-            route.m.alone(why)
-            return await relay.forward(pool, upstream, timeout_s, request, body, sink, extra_headers, ticket.deadline)
-        answer = await self._gather(route, upstream, pool, timeout_s, request, body, part, ticket)
-        await sink.respond(answer.status, answer.headers + extra_headers, answer.body)
-        return Forwarded(answer.outcome, answer.status, answer.service_ms, answer.observed, answer.reason)
+            return None
+        return route
 
     def _alone(self, route: _Route, part: Part | Unbatchable) -> str | None:
         """Why this request goes alone, unbatched (a metrics label), or None."""

@@ -95,6 +95,18 @@ SPECS: list[Spec] = [
     Spec("connections_rejected_total", Counter, "Client connections refused at accept (max_connections)."),
     Spec("protocol_errors_total", Counter, "Malformed requests and HTTP/2 protocol errors, by kind.", ("kind",)),
     Spec(
+        "h2_floods_total",
+        Counter,
+        "HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM, by kind (control_frames, header_block, rapid_reset).",
+        ("kind",),
+    ),
+    Spec(
+        "h2_timeouts_total",
+        Counter,
+        "HTTP/2 streams reset or connections closed for stalling, by kind (body: request body; stream_send: window never opened; send: socket not read).",
+        ("kind",),
+    ),
+    Spec(
         "upstream_requests_total",
         Counter,
         "Requests sent upstream, by upstream (address) and outcome.",
@@ -191,7 +203,19 @@ SPECS: list[Spec] = [
     Spec(
         "upstream_waiting_requests",
         Gauge,
-        "Requests waiting inside the model server (vllm:num_requests_waiting).",
+        "Requests waiting inside the model server (vllm:num_requests_waiting, nv_inference_pending_request_count).",
+        ("upstream",),
+    ),
+    Spec(
+        "upstream_running_requests",
+        Gauge,
+        "Requests the model server is running (vllm:num_requests_running).",
+        ("upstream",),
+    ),
+    Spec(
+        "phantom_leases",
+        Gauge,
+        "Admission slots held for requests cut upstream that the server keeps computing, by upstream.",
         ("upstream",),
     ),
     Spec(

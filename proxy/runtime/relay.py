@@ -2,7 +2,10 @@
 
 Theory of operation: `forward()` runs one upstream exchange inside the caller's
 cancel scope (which carries the request's one deadline) plus the upstream's own
-cap (`upstreams[i].timeout_s`). It returns what admission must learn: the
+cap (`upstreams[i].timeout_s`). With `scoped=False` the caller holds no scope: the
+earlier of deadline and cap is then the pool's to enforce (HTTP/1.1 upstreams:
+`pool.bounds_deadlines`, no scope per request) or, for the rest, one scope here; a
+request deadline that passes mid-exchange is answered 504 deadline_expired here. It returns what admission must learn: the
 outcome (SUCCESS, DROPPED when the upstream itself signalled overload with
 503/429, ERROR, REFUSED), the service time (first request byte to the last
 response byte) and, when the upstream reported it, the tokens it used.
@@ -14,6 +17,16 @@ nothing can be answered any more: the result says `cut`, the request path raises
 stream, which the client sees as a truncated response. That is logged here, one
 line with the upstream, the client and why, rate-limited: an upstream that dies
 takes every stream it carries with it, and a traceback each said nothing more.
+
+Release point: `on_complete(result)` is called once, as soon as the upstream's part
+is over (the last response byte read from it, or the sidecar's own 502/504
+decided), before the last write to the client; the request path releases the
+admission slot there. So a client that reads slowly, or not at all, holds no GPU
+capacity for the final write: on HTTP/2 the rest is held within the connection's
+send buffer (proxy/http/h2stream.py); on HTTP/1.1 the final write still waits for
+the kernel to take it, but no longer holds the slot. A streamed response still
+holds it while it streams: the upstream is still working for it. The service
+time is measured to the upstream's last byte too, not to the client's.
 
 Deadline propagation: `x-request-timeout-ms` is the caller's *remaining* budget
 (wire contract), so a client's `x-request-timeout-ms` / `grpc-timeout` go
@@ -29,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -36,7 +50,7 @@ import trio
 
 from proxy.core import wire
 from proxy.core.decisions import Observed, Outcome
-from proxy.errors import UpstreamConnectError, UpstreamError
+from proxy.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from proxy.http import forward as fwd
 from proxy.http.messages import Headers, Request, ResponseSink, header_value
 from proxy.http.ratelog import RateLimitedLog
@@ -75,6 +89,23 @@ class Forwarded:
     cut: bool = False  # the response had started when the exchange failed: the client's stream must be aborted
 
 
+class _Completion:
+    """`on_complete`, called at most once, with the result it was called with kept."""
+
+    __slots__ = ("_callback", "result")
+
+    def __init__(self, callback: Callable[[Forwarded], None] | None) -> None:
+        self._callback = callback
+        self.result: Forwarded | None = None
+
+    def __call__(self, result: Forwarded) -> Forwarded:
+        if self.result is None:
+            self.result = result
+            if self._callback is not None:
+                self._callback(result)
+        return result
+
+
 async def forward(
     pool,
     upstream: int,
@@ -84,44 +115,71 @@ async def forward(
     sink: ResponseSink,
     extra_headers: Headers,
     deadline: float | None = None,
+    on_complete: Callable[[Forwarded], None] | None = None,
+    *,
+    scoped: bool = True,
 ) -> Forwarded:
+    """One upstream exchange, relayed to `sink`; `on_complete` when the upstream's part is over (module doc)."""
     headers = fwd.request_headers(request, pool.authority(upstream))
     started = trio.current_time()
     if deadline is not None:
         _restamp_budget(headers, deadline - started)
     cap = started + timeout_s
+    complete = _Completion(on_complete)
+
+    def finished(status: int, observed: Observed | None) -> Forwarded:
+        service_ms = (trio.current_time() - started) * 1000.0
+        if status in (429, 503):
+            return complete(Forwarded(Outcome.DROPPED, status, service_ms))
+        outcome = Outcome.ERROR if status >= 500 else Outcome.SUCCESS
+        return complete(Forwarded(outcome, status, service_ms, observed))
+
     try:
-        if deadline is not None and deadline <= cap:
+        if not scoped:
+            bound = cap if deadline is None else min(deadline, cap)
+            return await _bounded(pool, upstream, bound, request, headers, body, sink, extra_headers, finished)
+        elif deadline is not None and deadline <= cap:
             # The caller's deadline scope already ends it first (the usual case: class
             # budgets are seconds, upstream caps minutes); a second scope costs ~9 us.
-            status, observed = await _exchange(pool, upstream, request, headers, body, sink, extra_headers)
-        else:
-            with trio.fail_at(cap):
-                status, observed = await _exchange(pool, upstream, request, headers, body, sink, extra_headers)
+            return await _exchange(pool, upstream, request, headers, body, sink, extra_headers, finished)
+        with trio.fail_at(cap):
+            return await _exchange(pool, upstream, request, headers, body, sink, extra_headers, finished)
+    except (UpstreamTimeout, trio.TooSlowError):
+        deadline_passed = not scoped and deadline is not None and deadline <= cap
+        if sink.headers_sent or complete.result is not None:
+            if deadline_passed:
+                raise  # the request path cuts the stream, as when its own scope fired
+            return complete(_cut(upstream, request, f"took longer than {timeout_s:g}s", started))
+        if deadline_passed:
+            message = "the request's deadline passed"
+            return await _answer(sink, complete, Outcome.CANCELLED, wire.Reason.DEADLINE_EXPIRED, message)
+        message = f"upstream {upstream} took longer than {timeout_s:g}s"
+        return await _answer(sink, complete, Outcome.DROPPED, wire.Reason.UPSTREAM_TIMEOUT, message)
     except UpstreamConnectError as exc:
         message = f"upstream {upstream} unavailable: {exc}"
-        return await _answer(sink, Outcome.REFUSED, wire.Reason.UPSTREAM_UNAVAILABLE, message)
+        return await _answer(sink, complete, Outcome.REFUSED, wire.Reason.UPSTREAM_UNAVAILABLE, message)
     except UpstreamError as exc:
-        if sink.headers_sent:
-            return _cut(upstream, request, str(exc), started)
+        if sink.headers_sent or complete.result is not None:
+            return complete(_cut(upstream, request, str(exc), started))
         message = f"upstream {upstream} failed: {exc}"
-        return await _answer(sink, Outcome.ERROR, wire.Reason.UPSTREAM_UNAVAILABLE, message)
-    except trio.TooSlowError:
-        if sink.headers_sent:
-            return _cut(upstream, request, f"took longer than {timeout_s:g}s", started)
-        message = f"upstream {upstream} took longer than {timeout_s:g}s"
-        return await _answer(sink, Outcome.DROPPED, wire.Reason.UPSTREAM_TIMEOUT, message)
-    service_ms = (trio.current_time() - started) * 1000.0
-    if status in (429, 503):
-        return Forwarded(Outcome.DROPPED, status, service_ms)
-    return Forwarded(Outcome.ERROR if status >= 500 else Outcome.SUCCESS, status, service_ms, observed)
+        return await _answer(sink, complete, Outcome.ERROR, wire.Reason.UPSTREAM_UNAVAILABLE, message)
 
 
-async def _exchange(pool, upstream, request, headers, body, sink, extra_headers) -> tuple[int, Observed | None]:
-    async with pool.request(upstream, request.method, request.target, headers, body) as resp:
+async def _bounded(pool, upstream, bound, *args) -> Forwarded:
+    """The exchange, ended at `bound` by the pool where it can (no scope per request), else by one scope."""
+    bounds = getattr(pool, "bounds_deadlines", None)
+    if bounds is not None and bounds(upstream):
+        return await _exchange(pool, upstream, *args, deadline=bound)
+    with trio.fail_at(bound):
+        return await _exchange(pool, upstream, *args)
+
+
+async def _exchange(pool, upstream, request, headers, body, sink, extra_headers, finished, deadline=None) -> Forwarded:
+    bound = () if deadline is None else (deadline,)
+    async with pool.request(upstream, request.method, request.target, headers, body, *bound) as resp:
         out_headers = fwd.response_headers(resp.headers, resp.http_version)
         out_headers += extra_headers
-        return resp.status, await _relay(resp, sink, out_headers)
+        return await _relay(resp, sink, out_headers, finished)
 
 
 def _restamp_budget(headers: Headers, remaining_s: float) -> None:
@@ -150,26 +208,32 @@ def _cut(upstream: int, request: Request, why: str, started: float) -> Forwarded
     return Forwarded(Outcome.ERROR, 0, cut=True)
 
 
-async def _answer(sink: ResponseSink, outcome: Outcome, reason: wire.Reason, message: str) -> Forwarded:
+async def _answer(
+    sink: ResponseSink, complete: _Completion, outcome: Outcome, reason: wire.Reason, message: str
+) -> Forwarded:
     status, headers, body = wire.rejection(reason, message)
+    result = complete(Forwarded(outcome, status, reason=reason))
     await sink.respond(status, headers, body)
-    return Forwarded(outcome, status, reason=reason)
+    return result
 
 
-async def _relay(resp, sink: ResponseSink, headers: Headers) -> Observed | None:
-    """Copy the response to the client as it arrives; returns the usage it reported.
+async def _relay(resp, sink: ResponseSink, headers: Headers, finished) -> Forwarded:
+    """Copy the response to the client as it arrives; `finished(status, usage)` before the last write.
 
     Fast path: a response whose whole body came with its first read (the common
-    small JSON answer) goes out as one write. Everything else streams: each
-    upstream chunk is sent on as soon as it arrives (SSE tokens included).
+    small JSON answer) goes out as one write, once the upstream's end of message is
+    seen (no wait: it is parsed already) and the upstream's part declared over.
+    Everything else streams: each upstream chunk is sent on as soon as it arrives
+    (SSE tokens included).
     """
     first = await resp.receive()
     length = header_value(resp.headers, _CONTENT_LENGTH)
     if not first or (length is not None and len(first) == int(length)):
-        await sink.respond(resp.status, headers, first)
         while await resp.receive():  # lets the pool see the end and reuse the connection
             pass
-        return _json_usage(first)
+        result = finished(resp.status, _json_usage(first))
+        await sink.respond(resp.status, headers, first)
+        return result
     await sink.start(resp.status, headers)
     events = 0
     chunk = first
@@ -177,8 +241,9 @@ async def _relay(resp, sink: ResponseSink, headers: Headers) -> Observed | None:
         await sink.send(chunk)
         events += chunk.count(_SSE_EVENT) - chunk.count(_SSE_DONE)
         chunk = await resp.receive()
+    result = finished(resp.status, Observed(output_tokens=events) if events > 0 else None)
     await sink.end()
-    return Observed(output_tokens=events) if events > 0 else None
+    return result
 
 
 def _json_usage(body: bytes) -> Observed | None:

@@ -12,10 +12,20 @@ reads like the path itself:
     record latency, resolve dedup, release the slot exactly once
 
 Each step is a call into the module that owns it; this file only sequences them
-and answers per the wire contract (proxy/core/wire.py). The one deadline is
-applied once, with `trio.move_on_at`, around queueing and the upstream call: a
-request whose deadline passes is answered 504 deadline_expired, and its upstream
-exchange is cancelled, freeing the GPU.
+and answers per the wire contract (proxy/core/wire.py). A request whose deadline
+passes is answered 504 deadline_expired, and its upstream exchange is cancelled,
+freeing the GPU. How the deadline is applied depends on whether the request can
+wait anywhere that only a cancel scope bounds:
+
+- the common case (ready, an HTTP/1.1 client): no scope. A queued wait ends at
+  the controller's expiry (never later than the deadline); the upstream exchange
+  is bounded by the pool (relay.forward with scoped=False: no scope per request
+  for HTTP/1.1 upstreams); a client that does not read its answer is given up at
+  the deadline by the h1 server (`Request.deadline`). Entering and leaving a scope
+  costs ~17 us a request (proxy/http/deadlines.py), most of a "plain" request's
+  wait-free path.
+- otherwise (warming up, an HTTP/2 client whose writes the h2 server does not
+  bound): one `trio.move_on_at` around readiness, queueing and the upstream call.
 
 Request bodies are read whole (bounded by listen.max_body_bytes) before anything
 else: admission needs them to estimate cost and dedup to fingerprint them, the
@@ -25,7 +35,12 @@ Idempotent requests: the dedup leader's exchange writes into a recording that it
 own client, coalesced followers and later replays all read (proxy/runtime/sinks.py).
 With dedup.continue_on_disconnect (default) the exchange runs in a task of the
 app's nursery, so a client that disconnects and retries attaches to the work
-already running instead of paying the GPU twice.
+already running instead of paying the GPU twice. On an upstream that keeps
+computing after a disconnect (`Scheduler.keeps_computing`: stops_on_cancel =
+false, or learned by "auto"), such a background
+leader is not cut at its deadline once it is upstream: the work runs anyway, so
+it is let finish (within `upstreams[i].timeout_s`) and its answer serves the
+client's retry, and its lease ends when the server is really done.
 """
 
 from __future__ import annotations
@@ -39,11 +54,12 @@ from proxy.core import wire
 from proxy.core.arrival import service_key
 from proxy.core.decisions import Outcome, Reject, Ticket
 from proxy.core.served_paths import ServedPaths
-from proxy.errors import ResponseCut
+from proxy.errors import ResponseCut, UpstreamTimeout
 from proxy.http.messages import Request, ResponseSink
 from proxy.http.ratelog import RateLimitedLog
 from proxy.runtime.classify import classify
 from proxy.runtime.dedup import Follower, Leader, Replay
+from proxy.runtime.relay import Forwarded
 from proxy.runtime.sinks import RecordingSink, TeeSink, play
 
 log = logging.getLogger("rampmeter.request")
@@ -126,14 +142,27 @@ class RequestPath:
         """The leader's exchange, outliving its client; never lets an error reach the nursery."""
         try:
             async with handle:
-                await self.execute(request, body, ticket, RecordingSink(handle))
+                await self.execute(request, body, ticket, RecordingSink(handle), outlive=True)
                 await handle.finish(True)
         except Exception:  # the handle told its readers; the app must keep serving
             log.debug("idempotent exchange failed", exc_info=True)
 
-    async def execute(self, request: Request, body: bytes, ticket: Ticket, sink: ResponseSink) -> None:
-        """Readiness, admission and the upstream exchange, all under the ticket's deadline."""
+    async def execute(
+        self, request: Request, body: bytes, ticket: Ticket, sink: ResponseSink, *, outlive: bool = False
+    ) -> None:
+        """Readiness, admission and the upstream exchange, all under the ticket's deadline (`outlive`:
+        a background leader, which a server that keeps computing may finish past it)."""
         app = self.app
+        if app.lifecycles.ready and request.http_version != "2" and not outlive and not app.batcher.batches(request):
+            # HTTP/1.1 fast path, no cancel scope: the pool bounds the exchange by the deadline.
+            request.deadline = ticket.deadline
+            async with app.scheduler.admit(ticket) as slot:
+                refusal = slot.rejection
+                if refusal is None:
+                    refusal = await self._forward(request, body, ticket, slot, sink, scoped=False)
+            if refusal is not None:
+                await self.reject(sink, refusal, ticket.klass)
+            return
         refusal = None
         with trio.move_on_at(ticket.deadline) as deadline:
             if not app.lifecycles.ready and not await app.lifecycles.hold_until_ready(ticket.deadline):
@@ -144,6 +173,9 @@ class RequestPath:
                     if slot.rejection is not None:
                         refusal = slot.rejection
                     else:
+                        if outlive and app.scheduler.keeps_computing(slot.upstream):
+                            # The server finishes it whether we wait or not: wait, for the retry's sake.
+                            deadline.deadline = trio.current_time() + app.policy.upstreams[slot.upstream].timeout_s
                         refusal = await self._forward(request, body, ticket, slot, sink)
         # Refusals are written outside the deadline's scope: a deadline that passes while the
         # answer is being written must not cut it (a 1 ms budget would get a dropped connection).
@@ -161,7 +193,9 @@ class RequestPath:
             expired = Reject(wire.Reason.DEADLINE_EXPIRED, None, "the request's deadline passed")
             await self.reject(sink, expired, ticket.klass)
 
-    async def _forward(self, request: Request, body: bytes, ticket: Ticket, slot, sink: ResponseSink) -> Reject | None:
+    async def _forward(
+        self, request: Request, body: bytes, ticket: Ticket, slot, sink: ResponseSink, scoped: bool = True
+    ) -> Reject | None:
         """Forward and relay; or, when the time left is below the p99 service time, the refusal to answer."""
         app = self.app
         now = trio.current_time()
@@ -186,9 +220,33 @@ class RequestPath:
         ]
         upstream = slot.upstream
         timeout_s = app.policy.upstreams[upstream].timeout_s
-        # The batcher forwards it alone (relay.forward) unless its route batches (proxy/runtime/batcher.py).
-        result = await app.batcher.forward(app.pool, upstream, timeout_s, request, body, sink, extra, ticket)
-        slot.done(result.outcome, result.service_ms, result.observed)
+
+        # The slot is released when the upstream's part is over, before the last write to the client
+        # (a deadline the pool ended it at is a censored cut, as the scope's cancellation would be).
+        def release(r: Forwarded) -> None:
+            if r.reason is wire.Reason.DEADLINE_EXPIRED:
+                slot.cut()
+            else:
+                slot.done(r.outcome, r.service_ms, r.observed)
+
+        try:
+            # The batcher forwards it alone (relay.forward) unless its route batches (proxy/runtime/batcher.py).
+            result = await app.batcher.forward(
+                app.pool, upstream, timeout_s, request, body, sink, extra, ticket, release, scoped=scoped
+            )
+        except (UpstreamTimeout, trio.TooSlowError) as exc:  # unscoped only: the deadline passed mid-stream
+            if not slot.released:
+                slot.cut()
+            _events.event(
+                "deadline_mid_response",
+                "deadline passed while streaming the response to %s for %r; cut",
+                request.client or "?",
+                request,
+            )
+            raise ResponseAborted("deadline passed while the response was streaming") from exc
+        if result.reason is wire.Reason.DEADLINE_EXPIRED:  # unscoped only: as the scope's cancellation would be
+            self._count_rejection(ticket.klass, result.reason)
+            return None
         app.lifecycles.report_result(upstream, result.outcome not in _FAILED)
         if result.cut:
             raise ResponseCut("the upstream failed mid-response")  # relay logged it

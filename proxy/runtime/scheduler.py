@@ -16,8 +16,10 @@ Usage, on the request path (no exception for a rejection: a value, as everywhere
             slot.done(Outcome.SUCCESS, rtt_ms, Observed(prompt, output))
 
 Exactly-once release: the lease is released by `slot.done(...)` or, failing
-that, by leaving the `async with` (CANCELLED on trio.Cancelled, ERROR on any
-other exception or a plain exit without done). A request whose task is
+that, by leaving the `async with` (CANCELLED on trio.Cancelled, with the time
+since admission: the request was cut after that long upstream, a censored
+sample for the service model; ERROR on any other exception or a plain exit
+without done). A request whose task is
 cancelled while queued leaves the queue at once (the core's `cancel`) and is
 never forwarded: if an Admit reached it in the same instant, the lease goes
 straight back. Waiting is bounded by the caller's cancel scope and by the
@@ -26,6 +28,11 @@ the slot carries Reject(DEADLINE_EXPIRED).
 
 Reload: `apply_policy` swaps the controller's policy (queued requests stay, see
 the core) and re-arms every waiter's expiry timer.
+
+Phantom leases (proxy/core/phantoms.py) end on a timer: `run()` (a task the app
+starts) sleeps until the controller's next phantom end, calls `expire` there and
+delivers whom the freed room admits; a new phantom that ends sooner wakes it.
+Without the task phantoms still end, at the next event that reaches the core.
 """
 
 from __future__ import annotations
@@ -77,6 +84,17 @@ class Slot:
         self._done = True
         self._scheduler._release(self.lease, outcome, rtt_ms, observed)
 
+    @property
+    def released(self) -> bool:
+        return self._done
+
+    def cut(self) -> None:
+        """End a forwarded lease that was cut (deadline, client gone): CANCELLED with the time since
+        admission, a censored sample, as leaving the `async with` on trio.Cancelled gives."""
+        if self.lease is None:
+            raise LeaseError("cut() on a slot without a live lease")
+        self.done(Outcome.CANCELLED, (trio.current_time() - self.lease.admitted_at) * 1000.0)
+
     def __repr__(self) -> str:
         state = "rejected" if self.rejection else ("done" if self._done else "leased")
         return f"<Slot {state} lease={self.lease and self.lease.id} upstream={self.lease and self.lease.upstream}>"
@@ -98,7 +116,10 @@ class _Admission:
         slot = self._slot
         if slot is not None and slot.lease is not None and not slot._done:
             cancelled = exc_type is not None and issubclass(exc_type, trio.Cancelled)
-            slot.done(Outcome.CANCELLED if cancelled else Outcome.ERROR)
+            if cancelled:  # cut (deadline, client gone) after this long upstream: a censored sample
+                slot.cut()
+            else:
+                slot.done(Outcome.ERROR)
         return False
 
 
@@ -124,7 +145,27 @@ class Scheduler:
         rng = rng if rng is not None else random.Random()
         self.controller = AdmissionController(policy, upstream_count, rng, balancer=balancer)
         self._waiters: dict[int, _Waiter] = {}
+        self._phantom_changed = trio.Event()
         self._m = _Instruments(metrics, self.controller) if metrics is not None else None
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """End phantom leases on time (see the module docstring); runs until cancelled."""
+        task_status.started()
+        ctl = self.controller
+        while True:
+            at = ctl.next_phantom_end()
+            with trio.move_on_at(math.inf if at is None else at):
+                await self._phantom_changed.wait()
+            self._phantom_changed = trio.Event()
+            if at is not None and trio.current_time() >= at:
+                self._deliver(ctl.expire(trio.current_time()))
+                self._deliver(ctl.take_woken())
+
+    def note_engine(self, index: int, running: float | None, waiting: float | None) -> None:
+        """The engine's own gauges for upstream `index` (running, waiting requests; None unknown)."""
+        self._deliver(self.controller.note_engine(index, running, waiting, trio.current_time()))
+        if self._m:
+            self._m.limit_changes(index)
 
     # --- the request path's calls -----------------------------------------
 
@@ -139,7 +180,8 @@ class Scheduler:
         budget_ms: int | None = None,
         tenant: bytes = b"",
     ) -> Ticket:
-        return self.controller.ticket(self.resolve_class(priority), cost, deadline, budget_ms, tenant)
+        klass = self.resolve_class(priority)
+        return self.controller.ticket(klass, cost, deadline, budget_ms, tenant, trio.current_time())
 
     def resolve_class(self, priority: bytes | str | None) -> str:
         """The class for an x-priority value; unknown values fall back to the default and are counted."""
@@ -150,6 +192,19 @@ class Scheduler:
 
     def admit(self, ticket: Ticket) -> _Admission:
         return _Admission(self, ticket)
+
+    def learn_probe(self, path: str, body: bytes, latency_ms: float) -> None:
+        """A warm-up probe answered in `latency_ms`: seed the route's service model with it."""
+        ctl = self.controller
+        ctl.learn_probe(path, body, latency_ms, trio.current_time())
+        self._deliver(ctl.take_woken())
+
+    def keeps_computing(self, index: int) -> bool:
+        """Whether upstream `index` is known to go on with a request after a disconnect
+        (stops_on_cancel = false, or learned by "auto"; an unknown "auto" is not enough to
+        keep work running past its deadline, only to hold its slot)."""
+        habits = self.controller.habits
+        return index < len(habits) and habits[index].known_to_keep_computing
 
     def mark_refused(self, index: int) -> None:
         self.controller.mark_refused(index, trio.current_time())
@@ -235,7 +290,12 @@ class Scheduler:
                 self._m.admitted(d)
 
     def _release(self, lease: Lease, outcome: Outcome, rtt_ms: float | None, observed: Observed | None) -> None:
-        woken = self.controller.release(lease, trio.current_time(), outcome, rtt_ms, observed)
+        ctl = self.controller
+        before = ctl.next_phantom_end()
+        woken = ctl.release(lease, trio.current_time(), outcome, rtt_ms, observed)
+        after = ctl.next_phantom_end()
+        if after is not None and (before is None or after < before):
+            self._phantom_changed.set()  # the timer task sleeps until the earliest end
         if self._m:
             self._m.released(lease, outcome, rtt_ms, observed)
         self._deliver(woken)
@@ -301,4 +361,5 @@ class _Instruments:
             label = self._metrics.upstream(i)
             self._child("admission_inflight", label).set_function(lambda i=i: ctl.capacity.used[i])
             self._child("admission_limit", label).set_function(lambda i=i: ctl.capacity.limit(i))
+            self._child("phantom_leases", label).set_function(lambda i=i: len(ctl.phantoms.on(i)))
             self.limit_changes(i)

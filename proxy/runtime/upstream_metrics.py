@@ -1,16 +1,22 @@
-"""Optional read of the model server's own saturation gauges (vLLM-style /metrics).
+"""Optional read of the model server's own saturation gauges (vLLM- and Triton-style /metrics).
 
 Theory of operation: NVML says how full the GPU's memory is, but vLLM
 pre-allocates most of it at start (gpu_memory_utilization, 0.9 by default), so
 "memory used" is flat and high whatever the load. What vLLM knows and exports
 is better: `vllm:num_requests_waiting` (requests queued inside the engine) and
 `vllm:gpu_cache_usage_perc` (KV-cache blocks in use, 0-1; vLLM V1 calls it
-`vllm:kv_cache_usage_perc`). When `gpu.upstream_metrics_path` is set, one task
-GETs it from every upstream each `gpu.upstream_metrics_interval_s` and keeps
-the latest `UpstreamSaturation` per upstream, exported as
-`rampmeter_upstream_waiting_requests` / `rampmeter_upstream_kv_cache_usage_ratio`.
+`vllm:kv_cache_usage_perc`), and `vllm:num_requests_running`; Triton exports
+`nv_inference_pending_request_count` (requests queued, per model), read as
+waiting. When `gpu.upstream_metrics_path` is set (or an upstream's own
+`metrics_url`: Triton serves them on another port), one task GETs them from
+every such upstream each `gpu.upstream_metrics_interval_s` and keeps the latest
+`UpstreamSaturation` per upstream, exported as
+`rampmeter_upstream_waiting_requests`, `rampmeter_upstream_running_requests` and
+`rampmeter_upstream_kv_cache_usage_ratio`, and shown in /admin/stats.
 `kv_cache_fraction()` (max over upstreams) is a drop-in pressure input for
-shedding in place of NVML memory on vLLM pods.
+shedding in place of NVML memory on vLLM pods; `on_reading(i, saturation)`,
+when set, hears each fresh reading (the app feeds admission: the engine_queue
+limit, the gradient's ceiling, and whether cut requests stay in the engine).
 
 Parsing uses prometheus_client's own text parser (no hand-written exposition
 parser), on only the lines of the wanted families: a vLLM /metrics page is
@@ -23,6 +29,7 @@ none) and is logged once per distinct problem.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -35,9 +42,10 @@ from proxy.runtime.probes import new_client
 
 log = logging.getLogger("rampmeter.upstream_metrics")
 
-WAITING = ("vllm:num_requests_waiting",)
+WAITING = ("vllm:num_requests_waiting", "nv_inference_pending_request_count")
+RUNNING = ("vllm:num_requests_running",)
 KV_CACHE = ("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc")
-_WANTED = WAITING + KV_CACHE
+_WANTED = WAITING + RUNNING + KV_CACHE
 
 
 @dataclass(frozen=True)
@@ -52,20 +60,24 @@ class ReaderStatistics:
 class UpstreamSaturation:
     waiting: float | None
     kv_cache_usage: float | None  # 0-1
+    running: float | None = None
 
 
 def parse_saturation(text: str) -> UpstreamSaturation:
     """The wanted gauges from a Prometheus text exposition; None for each one absent."""
     lines = "\n".join(line for line in text.splitlines() if line.startswith(_WANTED))
     waiting: float | None = None
+    running: float | None = None
     kv: float | None = None
     for family in text_string_to_metric_families(lines + "\n"):
         for sample in family.samples:
             if sample.name in WAITING:
                 waiting = (waiting or 0.0) + sample.value
+            elif sample.name in RUNNING:
+                running = (running or 0.0) + sample.value
             elif sample.name in KV_CACHE:
                 kv = sample.value if kv is None else max(kv, sample.value)
-    return UpstreamSaturation(waiting, kv)
+    return UpstreamSaturation(waiting, kv, running)
 
 
 class UpstreamMetricsReader:
@@ -75,7 +87,9 @@ class UpstreamMetricsReader:
         self.policy = policy
         self.metrics = metrics if metrics is not None else Metrics()
         self._transport = transport
-        self.urls = [u.url.rstrip("/") for u in policy.upstreams]
+        path = policy.gpu.upstream_metrics_path
+        self.urls = [u.metrics_url or (u.url.rstrip("/") + path if path else "") for u in policy.upstreams]
+        self.on_reading: Callable[[int, UpstreamSaturation], None] | None = None
         self.latest: list[UpstreamSaturation | None] = [None] * len(self.urls)
         self._said: list[str] = [""] * len(self.urls)
         self.reads = self.failures = 0
@@ -85,7 +99,7 @@ class UpstreamMetricsReader:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.policy.gpu.upstream_metrics_path)
+        return any(self.urls)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Read every upstream's metrics until cancelled (returns at once when the path is unset)."""
@@ -94,8 +108,9 @@ class UpstreamMetricsReader:
             return
         async with new_client(len(self.urls) + 1, self._transport) as client:
             while True:
-                for i in range(len(self.urls)):
-                    await self.read_once(client, i)
+                for i, url in enumerate(self.urls):
+                    if url:
+                        await self.read_once(client, i)
                 await trio.sleep(self.policy.gpu.upstream_metrics_interval_s)
 
     async def read_once(self, client: httpx.AsyncClient, index: int) -> UpstreamSaturation | None:
@@ -103,7 +118,7 @@ class UpstreamMetricsReader:
         problem = ""
         with trio.move_on_after(gpu.upstream_metrics_timeout_ms / 1000):
             try:
-                response = await client.get(self.urls[index] + gpu.upstream_metrics_path)
+                response = await client.get(self.urls[index])
                 if response.status_code == 200:
                     self._store(index, parse_saturation(response.text))
                     return self.latest[index]
@@ -122,21 +137,26 @@ class UpstreamMetricsReader:
         label = self.metrics.upstream(index)
         for gauge, value in (
             (self.metrics.upstream_waiting_requests, saturation.waiting),
+            (self.metrics.upstream_running_requests, saturation.running),
             (self.metrics.upstream_kv_cache_usage_ratio, saturation.kv_cache_usage),
         ):
             if value is None:
                 _remove(gauge, label)
             else:
                 gauge.labels(label).set(value)
+        if self.on_reading is not None:
+            self.on_reading(index, saturation)
 
     def _fail(self, index: int, problem: str) -> None:
         self.failures += 1
         self.latest[index] = None
-        _remove(self.metrics.upstream_waiting_requests, self.metrics.upstream(index))
-        _remove(self.metrics.upstream_kv_cache_usage_ratio, self.metrics.upstream(index))
+        label = self.metrics.upstream(index)
+        _remove(self.metrics.upstream_waiting_requests, label)
+        _remove(self.metrics.upstream_running_requests, label)
+        _remove(self.metrics.upstream_kv_cache_usage_ratio, label)
         if self._said[index] != problem:
             self._said[index] = problem
-            log.warning("upstream %d: cannot read %s: %s", index, self.policy.gpu.upstream_metrics_path, problem)
+            log.warning("upstream %d: cannot read %s: %s", index, self.urls[index], problem)
 
     def kv_cache_fraction(self) -> float | None:
         """Highest KV-cache usage over the upstreams; None when unknown."""

@@ -18,6 +18,10 @@ Theory of operation: an `UpstreamWarmer` owns one pure
 The request path reports outcomes through `report_result(ok)` (synchronous,
 cheap): a streak of failures turns the upstream unhealthy.
 
+`on_sample(path, body, latency_ms)`, when the owner sets it, hears every probe
+that succeeded: the app seeds the service-time model with them, so the first
+real requests are judged by measured latencies rather than by priors.
+
 Every transition goes through `UpstreamWarmer.apply`, the one place that acts
 on them: metrics, one log line per state change, and two invariants:
 - leaving PROBING cancels the running attempt (so a restart mid-warm-up never
@@ -92,7 +96,10 @@ class UpstreamWarmer:
         self._changed = trio.Event()
         self._attempt_scope: trio.CancelScope | None = None
         self._plan: ProbePlan | None = None
+        self._bodies: list[bytes] = []
         self._probing_since = 0.0
+        # Hears each successful probe (path, body, latency ms): the app seeds the service model.
+        self.on_sample: Callable[[str, bytes, float], None] | None = None
         metrics.upstream_state.labels(self._label, State.COLD.value).set(1)
         metrics.slow_start_factor.labels(self._label).set(0)
 
@@ -160,7 +167,7 @@ class UpstreamWarmer:
             self._attempt_scope = attempt
             try:
                 with trio.move_on_after(warmup.overall_timeout_s) as overall:
-                    bodies = await read_bodies(warmup.probes)
+                    bodies = self._bodies = await read_bodies(warmup.probes)
                     verdict = await run_probes(client, self.url, warmup, plan, bodies, self._on_probe)
             except OSError as exc:  # a body_file that cannot be read: fail the attempt, say why
                 self.last_problem = f"warm-up: cannot read probe body: {exc}"
@@ -193,6 +200,9 @@ class UpstreamWarmer:
         outcome = "ok" if result.ok else ("timeout" if result.detail == "timeout" else "error")
         self.metrics.warmup_probes.labels(self._label, outcome).inc()
         self.metrics.warmup_probe_duration_seconds.labels(self._label, str(result.shape)).observe(result.latency_s)
+        if result.ok and self.on_sample is not None and result.shape < len(self._bodies):
+            probe = self.policy.warmup.probes[result.shape]
+            self.on_sample(probe.path, self._bodies[result.shape], result.latency_s * 1000.0)
 
     # --- acting on transitions --------------------------------------------------------
 

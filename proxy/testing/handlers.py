@@ -171,9 +171,19 @@ class H2Peer:
         self.auto_ack = auto_ack
         self.obey_stream_limit = obey_stream_limit  # False: open streams past the server's limit
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        # h2 closes its state machine on GOAWAY, but streams up to last-stream-id may still
+        # finish (RFC 9113 6.8) and frames keep coming for them: keep it open so tests can
+        # watch them finish (an instance table shadows the class's).
+        machine = self.conn.state_machine
+        open_ = h2.connection.ConnectionState.CLIENT_OPEN
+        machine._transitions = {
+            **machine._transitions,
+            (open_, h2.connection.ConnectionInputs.RECV_GOAWAY): (None, open_),
+        }
         self.settings = settings or {}
         self.streams: dict[int, PeerStream] = {}
-        self.goaway: tuple[int, int] | None = None  # (error_code, last_stream_id)
+        self.goaway: tuple[int, int] | None = None  # (error_code, last_stream_id) of the last GOAWAY
+        self.goaways: list[tuple[int, int]] = []  # every GOAWAY, in order
         self.remote_max_streams: int | None = None
         self.closed = False
 
@@ -251,9 +261,7 @@ class H2Peer:
                 stream.reset_code = int(event.error_code)
             elif isinstance(event, h2.events.ConnectionTerminated):
                 self.goaway = (int(event.error_code), int(event.last_stream_id))
-                # h2 closes its state machine on GOAWAY, but streams up to last-stream-id may
-                # still finish (RFC 9113 6.8): reopen it so tests can watch them finish.
-                self.conn.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
+                self.goaways.append(self.goaway)
             elif isinstance(event, h2.events.RemoteSettingsChanged):
                 changed = event.changed_settings.get(SettingCodes.MAX_CONCURRENT_STREAMS)
                 if changed is not None:

@@ -12,8 +12,10 @@ post-mortems, and on exit sends SIGTERM, then SIGKILL if it lingers.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -50,6 +52,7 @@ class Proc:
         env: dict[str, str] | None = None,
         cpu: int | None = None,
         name: str | None = None,
+        nofile: int | None = None,
     ) -> None:
         self.args = list(args)
         self.name = name or (args[0] if args else "proc")
@@ -59,7 +62,11 @@ class Proc:
             cmd = ["taskset", "-c", str(cpu), *cmd]
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed by stop(), lives as long as the process
-        self.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, env=full_env, text=True, bufsize=1)
+        # nofile: the child's open-file limit (soft and hard), for tests of what happens at the limit.
+        limit = None if nofile is None else functools.partial(resource.setrlimit, resource.RLIMIT_NOFILE, (nofile,) * 2)
+        self.popen = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=self._log, env=full_env, text=True, bufsize=1, preexec_fn=limit
+        )
         self.addresses = self._wait_ready(ready_timeout_s)
         # Keep draining stdout so the child never blocks on a full pipe.
         self._pump = threading.Thread(target=self._drain_stdout, daemon=True)

@@ -44,16 +44,24 @@ def sim_pod(*args: str, profile: str = "llm", speed: float = 1.0) -> Iterator[Pr
 
 @contextlib.contextmanager
 def sidecar(
-    upstream: str | list[str], *args: str, policy: str | None = None, protocol: str = "http1", ready: bool = True
+    upstream: str | list[str],
+    *args: str,
+    policy: str | None = None,
+    protocol: str = "http1",
+    ready: bool = True,
+    nofile: int | None = None,
 ) -> Iterator[Proc]:
-    """`rampmeter serve` in front of `upstream`; waits for /readyz unless `ready` is False."""
+    """`rampmeter serve` in front of `upstream`; waits for /readyz unless `ready` is False.
+
+    `nofile`: the sidecar's open-file limit (RLIMIT_NOFILE, soft and hard).
+    """
     upstreams = [upstream] if isinstance(upstream, str) else upstream  # [] : the policy's upstreams
     argv = ["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--upstream-protocol", protocol]
     for url in upstreams:
         argv += ["--upstream", url]
     if policy:
         argv += ["--policy", policy]
-    with Proc([*argv, *args], name="sidecar") as proc:
+    with Proc([*argv, *args], name="sidecar", nofile=nofile) as proc:
         if ready:
             wait_ok(proc.url("admin") + "/readyz")
         yield proc

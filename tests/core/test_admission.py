@@ -45,15 +45,23 @@ def make_policy(
     classes: dict | None = None,
     aging_ms_per_s: float = 1000.0,
     upstreams: int = 1,
+    fcfs_wait_multiple: float = 0.0,
+    stops_on_cancel=True,
     **limits,
 ) -> Policy:
+    """A policy for pure order and lease tests: like patient_classes(), the FCFS-relative
+    starvation bound is off unless asked for, and upstreams stop on cancel (no phantom leases)
+    unless `stops_on_cancel` (one value, or one per upstream) says otherwise, so what is checked
+    is the order and the lease accounting themselves."""
+    habits = stops_on_cancel if isinstance(stops_on_cancel, tuple) else (stops_on_cancel,) * upstreams
     return Policy(
-        upstreams=[Upstream(url=f"http://127.0.0.1:{8000 + i}") for i in range(upstreams)],
+        upstreams=[Upstream(url=f"http://127.0.0.1:{8000 + i}", stops_on_cancel=habits[i]) for i in range(upstreams)],
         scheduling=Scheduling(
             order=order,
             class_mode=class_mode,
             reserved_slots=reserved or {},
             aging_ms_per_s=aging_ms_per_s,
+            fcfs_wait_multiple=fcfs_wait_multiple,
         ),
         classes=classes or patient_classes(),
         limits=Limits(

@@ -1,5 +1,7 @@
 """Leases end exactly once under any interleaving of completion, error, cancellation,
-expiry and reload: a Hypothesis state machine over the pure controller."""
+expiry and reload: a Hypothesis state machine over the pure controller. Leases cut upstream
+(CANCELLED with a time) on an upstream that keeps computing become phantoms: they hold their
+units until they end, exactly once, and in-flight including phantoms stays within the limit."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.limit = limit
         self.reserved = {"realtime": 1} if reserve and limit > 1 else {}
         self.ctl = AdmissionController(
-            make_policy(limit, order=order, reserved=self.reserved, upstreams=2),
+            make_policy(limit, order=order, reserved=self.reserved, upstreams=2, stops_on_cancel=(False, "auto")),
             rng=random.Random(seed),
         )
         self.now = 0.0
@@ -124,15 +126,19 @@ class AdmissionMachine(RuleBasedStateMachine):
         reserved = self.reserved if limit > 1 else {}
         self.reserved = reserved
         self.limit = limit
-        self.absorb(self.ctl.apply_policy(make_policy(limit, order=order, reserved=reserved, upstreams=2), self.now))
+        policy = make_policy(limit, order=order, reserved=reserved, upstreams=2, stops_on_cancel=(False, "auto"))
+        self.absorb(self.ctl.apply_policy(policy, self.now))
 
     @invariant()
     def books_balance(self):
         if not hasattr(self, "ctl"):
             return
         cap = self.ctl.capacity
-        assert sum(cap.requests) == len(self.leases) == len(self.ctl._leases)
-        assert sum(cap.used) == len(self.leases)  # requests unit
+        phantoms = len(self.ctl.phantoms)
+        assert len(self.leases) == len(self.ctl._leases)
+        assert sum(cap.requests) == len(self.leases) + phantoms
+        assert sum(cap.used) == len(self.leases) + phantoms  # requests unit
+        assert self.ctl.counts["phantoms"] == phantoms + self.ctl.phantoms.ended  # each ends once
         queued = {i for i, s in self.state.items() if s == "queued"}
         assert queued == self.ctl.waitline.ids()
         for i in range(2):
@@ -146,7 +152,8 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     def _limit_at_admission(self, i: int) -> int:
         # A reload may lower the limit below what is already in flight; nothing new is admitted then.
-        return sum(1 for lease in self.leases.values() if lease.upstream == i)
+        held = sum(1 for lease in self.leases.values() if lease.upstream == i)
+        return held + len(self.ctl.phantoms.on(i))
 
     def teardown(self):
         if hasattr(self, "ctl"):
@@ -158,6 +165,12 @@ class AdmissionMachine(RuleBasedStateMachine):
                 ticket_id, lease = self.leases.popitem()
                 self.move(ticket_id, "release")
                 self.absorb(self.ctl.release(lease, self.now, Outcome.CANCELLED))
+            while (end := self.ctl.next_phantom_end()) is not None:  # time passes: every phantom ends
+                self.now = max(self.now, end)
+                for d in self.ctl.expire(self.now) + self.ctl.take_woken():
+                    if isinstance(d, Admit):  # nothing is queued any more
+                        raise AssertionError(d)
+            assert self.ctl.phantoms.ended == self.ctl.counts["phantoms"]
             assert sum(self.ctl.capacity.requests) == 0 and sum(self.ctl.capacity.used) == 0
 
 

@@ -17,6 +17,7 @@ import trio
 import trio.testing
 from h2.errors import ErrorCodes
 
+from proxy.http.h2server import MAX_STREAM_ID
 from proxy.http.server import PREFACE, Server
 from proxy.policy.schema import Listen
 from proxy.runtime.metrics import Metrics
@@ -130,7 +131,9 @@ async def test_drain_finishes_in_flight_refuses_new_and_tells_clients():
     h1_gate, h2_gate = Gate(), Gate()
     metrics = Metrics()
     with trio.fail_after(30):
-        async with serving(Router({b"/h1": h1_gate, b"/h2": h2_gate}), metrics=metrics) as (
+        # drain_timeout_s 4: a busy h2 connection gets its two-step GOAWAY after 1 s of waiting to go idle.
+        limits = Listen(drain_timeout_s=4.0)
+        async with serving(Router({b"/h1": h1_gate, b"/h2": h2_gate}), limits, metrics=metrics) as (
             server,
             address,
         ):
@@ -146,8 +149,9 @@ async def test_drain_finishes_in_flight_refuses_new_and_tells_clients():
             await h2_gate.arrived.wait()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(server.shutdown, 20.0)
-                await h2.until(lambda: h2.goaway is not None)
-                assert h2.goaway == (ErrorCodes.NO_ERROR, sid)
+                # Still busy after drain_idle_wait_s: the two-step GOAWAY (2^31-1, then the real last stream).
+                await h2.until(lambda: len(h2.goaways) == 2)
+                assert h2.goaways == [(ErrorCodes.NO_ERROR, MAX_STREAM_ID), (ErrorCodes.NO_ERROR, sid)]
                 assert await read_to_eof(idle_h1) == b""  # idle keep-alive closed
                 with pytest.raises(OSError):
                     await connect(address)  # listener closed: refused
@@ -212,11 +216,36 @@ async def test_h2_garbage_after_preface_gets_goaway_and_others_are_still_served(
             assert server.statistics().protocol_errors == 1
 
 
-async def test_max_connections_closes_the_extra_one_at_accept():
+async def test_at_max_connections_the_longest_silent_connection_makes_room():
     metrics = Metrics()
     with trio.fail_after(30):
         async with serving(hello, Listen(max_connections=2), metrics=metrics) as (server, address):
-            kept = [await connect(address) for _ in range(2)]
+            served = await connect(address)
+            await served.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            await read_until(served, b"hello\n")  # now idle, kept alive
+            silent = await connect(address)  # never says a word
+            await trio.sleep(0.05)
+            newcomer = await connect(address)
+            await newcomer.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert (await read_until(newcomer, b"hello\n")).startswith(b"HTTP/1.1 200 ")
+            assert await read_to_eof(served) == b""  # idle longest: closed to make room, without a word
+            await served.aclose()
+            await silent.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert (await read_until(silent, b"hello\n")).startswith(b"HTTP/1.1 200 ")
+            stats = server.statistics()
+            assert (stats.connections_evicted, stats.connections_rejected) == (1, 0)
+
+
+async def test_at_max_connections_a_newcomer_is_refused_only_when_all_are_busy():
+    metrics = Metrics()
+    gate = Gate()
+    with trio.fail_after(30):
+        async with serving(gate, Listen(max_connections=2), metrics=metrics) as (server, address):
+            busy = [await connect(address) for _ in range(2)]
+            for stream in busy:
+                await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            while len(gate.requests) < 2:
+                await trio.sleep(0.01)
             extra = await connect(address)
             try:
                 assert await extra.receive_some(100) == b""
@@ -224,8 +253,8 @@ async def test_max_connections_closes_the_extra_one_at_accept():
                 pass  # a reset is as good as a close here
             assert server.statistics().connections_rejected == 1
             assert metrics.connections_rejected.collect()[0].samples[0].value == 1.0
-            await kept[0].send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-            assert (await read_until(kept[0], b"hello\n")).startswith(b"HTTP/1.1 200 ")
+            gate.release.set()
+            assert (await read_until(busy[0], b"released\n")).startswith(b"HTTP/1.1 200 ")
 
 
 async def test_slow_head_gets_408():

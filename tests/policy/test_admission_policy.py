@@ -105,6 +105,16 @@ def test_defaults_suit_an_llm_pod():
     assert sum(p.scheduling.reserved_slots.values()) < p.limits.min_limit
 
 
+def test_reservations_above_the_limit_load_and_are_scaled_down_at_runtime():
+    # issue 12: a policy reserving 2 realtime slots failed `policy check` with a limit of 1
+    p = parse_policy(
+        "[scheduling]\nreserved_slots = { realtime = 2 }\n[limits]\nkind = 'fixed'\ninitial_limit = 1\nmin_limit = 1\n"
+    )
+    assert p.scheduling.reserved_slots == {"realtime": 2} and p.limits.initial_limit == 1
+    q = parse_policy('[gpu]\nupstream_metrics_path = "/metrics"\n[limits]\nkind = "engine_queue"\n')
+    assert q.limits.kind == "engine_queue"
+
+
 def test_a_full_admission_policy_loads():
     p = parse_policy(
         """
@@ -148,7 +158,11 @@ target_latency_ms = 25
     [
         ('[scheduling]\ndefault_class = "gold"\n', "scheduling.default_class"),
         ("[scheduling]\nreserved_slots = { gold = 1 }\n", "scheduling.reserved_slots.gold"),
-        ("[scheduling]\nreserved_slots = { realtime = 4 }\n", "scheduling.reserved_slots"),
+        ('[limits]\nkind = "engine_queue"\n', "limits.kind"),  # no gauges to follow
+        (
+            '[gpu]\nupstream_metrics_path = "/metrics"\n[limits]\nkind = "engine_queue"\nunit = "tokens"\n',
+            "limits.kind",
+        ),
         ("[limits]\ninitial_limit = 2\n", "limits.initial_limit"),
         ("[limits]\nmax_limit = 10\n", "limits.initial_limit"),
         (

@@ -35,12 +35,13 @@ CALL_S = 0.020  # the profile's cost of one call, before tokens
 PER_TOKEN_S = 0.00002
 
 
-def policy(*, limit: int = 64, **route) -> Policy:
+def policy(*, limit: int = 64, stops_on_cancel: bool | str = "auto", **route) -> Policy:
     data = msgspec.to_builtins(Policy())
-    data["upstreams"] = [{"url": "http://pod.inproc:80"}]
+    data["upstreams"] = [{"url": "http://pod.inproc:80", "stops_on_cancel": stops_on_cancel}]
     data["limits"].update(kind="fixed", initial_limit=limit, min_limit=1, max_limit=max(limit, 256))
     data["slow_start"]["window_s"] = 0.0
     data["gpu"]["enabled"] = False
+    data["scheduling"]["unjudged_in_flight"] = 0  # the priors below are the pod's own figures
     for r in data["routes"]:
         if r["path_prefix"] == EMBED:
             r.update(base_ms=CALL_S * 1000, ms_per_prompt_token=PER_TOKEN_S * 1000)
@@ -252,7 +253,8 @@ async def test_a_member_leaving_a_sent_batch_has_its_share_discarded_and_the_oth
 
 
 async def test_when_every_member_of_a_sent_batch_leaves_the_upstream_call_is_cancelled(autojump_clock):
-    async with stack(policy(max_batch_items=2), stops_on_cancel=True) as s:
+    # The pod stops on cancel and the policy says so: no phantom lease outlives the cancelled call.
+    async with stack(policy(max_batch_items=2, stops_on_cancel=True), stops_on_cancel=True) as s:
         pipes = [s.call(embed("long " * 400)), s.call(embed("long " * 400))]
         await trio.sleep(0.005)
         for p in pipes:

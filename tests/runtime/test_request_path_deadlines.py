@@ -54,7 +54,9 @@ def service_s(body: bytes) -> float:
 def policy(*, limit: int = 4, rules: tuple[str, ...] = (), **sections: dict) -> Policy:
     """Defaults, one in-process upstream, a fixed limit, no slow start, no GPU, `rules` shedding."""
     data = msgspec.to_builtins(Policy())
-    data["upstreams"] = [{"url": "http://pod.inproc:80"}]
+    # The llm profile stops work on a disconnect, as vLLM does: no phantom leases for cut requests
+    # (the default "auto" would assume the worst, with no engine gauges to learn from).
+    data["upstreams"] = [{"url": "http://pod.inproc:80", "stops_on_cancel": True}]
     data["limits"].update(kind="fixed", initial_limit=limit, min_limit=1, max_limit=max(limit, 256))
     data["slow_start"]["window_s"] = 0.0
     data["gpu"]["enabled"] = False

@@ -43,3 +43,33 @@ async def test_a_client_leaving_mid_claim_leaves_a_leader_not_an_orphaned_claim(
         assert s.pod_stats().requests_submitted == 1
         decisions = s.app.dedup.statistics()["decisions"]
         assert (decisions["lead"], decisions["follow"], decisions["follow_remote"]) == (1, 1, 0)
+
+
+async def test_on_a_server_that_keeps_computing_an_idempotent_leader_finishes_past_its_deadline(autojump_clock):
+    """Cutting it would free nothing (the server goes on); letting it finish serves the retry."""
+    import msgspec
+
+    from proxy.testing.simpod import get_profile
+    from tests.runtime import test_request_path_deadlines as rpd
+
+    body = chat(40)
+    base = policy()
+    pol = msgspec.structs.replace(base, upstreams=[msgspec.structs.replace(base.upstreams[0], stops_on_cancel=False)])
+    keeps = get_profile("llm", speed=rpd.SPEED, stops_on_cancel=False)
+    original, rpd.PROFILE = rpd.PROFILE, keeps
+    try:
+        async with stack(pol) as s:
+            assert s.expected_ms(body) < 600 < service_s(body) * 1000  # meetable by the prior, not in truth
+            t0 = trio.current_time()
+            first = s.call(body, KEY, ("x-request-timeout-ms", "600"))
+            status, _ = await first.answer()
+            assert status == 200 and trio.current_time() - t0 >= service_s(body) - 1e-6  # finished, not cut
+            retry = s.call(body, KEY, ("x-request-timeout-ms", "600"))
+            status, _ = await retry.answer()
+            assert status == 200 and retry.header("idempotent-replayed") == "true"
+            pod = s.pod_stats()
+            assert (pod.requests_submitted, pod.requests_completed, pod.requests_orphaned) == (1, 1, 0)
+            model = s.admission()["models"]["/v1/chat/completions"]
+            assert model["samples"] == 1 and model["censored"]["cuts"] == 0  # a real sample, not a cut
+    finally:
+        rpd.PROFILE = original

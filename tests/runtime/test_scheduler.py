@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import httpx
 import pytest
 import trio
 import trio.testing
@@ -14,8 +15,11 @@ from proxy.core.decisions import Admit, LeaseError, Observed, Outcome
 from proxy.core.wire import Reason
 from proxy.policy.admission import ClassPolicy
 from proxy.runtime.metrics import Metrics
+from proxy.runtime.readiness import UpstreamLifecycles
 from proxy.runtime.scheduler import Scheduler
 from tests.core.test_admission import make_policy, patient_classes, ticket
+from tests.runtime.test_warmup_driver import FakeModel
+from tests.runtime.test_warmup_driver import policy as warm_policy
 
 COST = Cost(10, 10, 20, route="/v1/completions")
 
@@ -231,3 +235,61 @@ async def test_an_admit_for_a_vanished_waiter_is_released_not_leaked(autojump_cl
     assert isinstance(d, Admit)
     s._deliver([d])  # nobody waits for this ticket
     assert ctl.capacity.used == [0]
+
+
+async def test_a_request_cut_upstream_teaches_the_model_its_shape_takes_longer(autojump_clock):
+    s = scheduler(make_policy(2))
+    cost = s.estimate("/v1/completions", b'{"prompt": "hello", "max_tokens": 4}')
+    before = s.ticket(None, cost).expected_ms
+    with trio.move_on_after(5.0):  # the deadline passes while it is upstream
+        async with s.admit(s.ticket(None, cost, trio.current_time() + 5.0)) as slot:
+            assert slot.lease is not None
+            await trio.sleep_forever()
+    after = s.ticket(None, cost)
+    assert before < 5000.0 <= after.expected_ms  # at least the 5 s it was given
+    assert s.controller.statistics()["models"]["/v1/completions"]["censored"]["informative"] == 1
+    assert s.controller.capacity.used == [0]
+
+
+async def test_warm_up_probes_seed_the_model_through_the_driver_hook(autojump_clock):
+    model = FakeModel(cold_latencies=(), warm_latency=0.4)
+    pol = warm_policy()
+    s = Scheduler(pol, rng=random.Random(0))
+    lifecycles = UpstreamLifecycles(pol, transport=httpx.MockTransport(model))
+    for w in lifecycles.warmers:
+        w.on_sample = s.learn_probe
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lifecycles.run)
+        with trio.fail_after(60):
+            while not lifecycles.ready:
+                await trio.sleep(0.1)
+        nursery.cancel_scope.cancel()
+    stats = s.controller.statistics()["models"]["/v1/completions"]
+    assert stats["seeded_samples"] >= 3 and stats["judged"]
+    assert s.ticket(None, s.estimate("/v1/completions", b'{"prompt": "hi"}')).expected_ms > 300  # ~0.4 s, not the prior
+
+
+async def test_the_scheduler_task_ends_a_phantom_lease_on_time_and_admits_into_its_room(autojump_clock):
+    s = scheduler(make_policy(1, stops_on_cancel=False))
+    cost = s.estimate("/v1/completions", b'{"prompt": "hello", "max_tokens": 4}')
+    admitted_at: list[float] = []
+
+    async def second() -> None:
+        async with s.admit(s.ticket(None, cost)) as slot:
+            admitted_at.append(trio.current_time())
+            slot.done(Outcome.SUCCESS, 10.0)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        with trio.move_on_after(1.0):  # cut after 1 s upstream, on a server that keeps computing
+            async with s.admit(s.ticket(None, cost, trio.current_time() + 1.0)) as slot:
+                nursery.start_soon(second)
+                await trio.sleep_forever()
+        cut_at = trio.current_time()
+        assert len(s.controller.phantoms) == 1 and s.controller.capacity.used == [1]
+        end = s.controller.next_phantom_end()
+        await trio.sleep(end - cut_at + 0.001)
+        assert admitted_at and admitted_at[0] == pytest.approx(end)  # at the phantom's end, not later
+        assert s.controller.capacity.used == [0]
+        nursery.cancel_scope.cancel()
+    assert slot.lease is not None

@@ -1,5 +1,6 @@
 """HTTP/1.1 server connection over in-memory streams, on trio's autojump clock (every test
-takes `autojump_clock`, so timeouts pass at once and exactly)."""
+takes `autojump_clock`, so timeouts pass at once and exactly). The connection's timeouts
+and hang-up watcher come from the server's patrol, which each test runs beside it."""
 
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ async def connection(handler, limits: Listen = LIMITS, metrics: Metrics | None =
     # Virtual seconds: with autojump a deadlocked test fails at once instead of spinning.
     with trio.fail_after(3600):
         async with trio.open_nursery() as nursery:
+            await nursery.start(ctx.patrol.run)  # the server's: phase deadlines, hung-up clients
             nursery.start_soon(run)
             yield Client(client_stream), ctx, done
             nursery.cancel_scope.cancel()

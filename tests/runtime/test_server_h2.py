@@ -12,7 +12,7 @@ from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 
 from proxy.http.exchange import ServerContext
-from proxy.http.h2server import STREAM_WINDOW, H2Connection
+from proxy.http.h2server import MAX_STREAM_ID, STREAM_WINDOW, H2Connection, drain_idle_wait_s
 from proxy.policy.schema import Listen
 from proxy.runtime.metrics import Metrics
 from proxy.testing.handlers import Gate, H2Peer, Router, blob, echo, hello, pattern
@@ -239,22 +239,54 @@ async def test_handler_failing_after_start_resets_stream_internal_error(autojump
         assert peer.streams[ok].status == 200
 
 
-async def test_drain_sends_goaway_finishes_in_flight_and_refuses_new(autojump_clock):
+async def test_drain_of_a_busy_connection_sends_two_goaways_finishes_in_flight_and_refuses_new(autojump_clock):
     gate = Gate()
     async with connection(Router({b"/wait": gate, b"/": hello})) as (peer, ctx, conn, done):
         in_flight = await peer.request(b"/wait")
         await gate.arrived.wait()
         ctx.draining = True
         conn.drain()
-        await peer.until(lambda: peer.goaway is not None)
-        assert peer.goaway == (ErrorCodes.NO_ERROR, in_flight)
-        late = await peer.request(b"/")  # sent after GOAWAY: above its last-stream-id
+        await trio.sleep(drain_idle_wait_s(LIMITS))  # still busy: the advisory GOAWAY is on its way
+        racing = await peer.request(b"/")  # sent before the client has read it: must be served
+        await peer.until(lambda: len(peer.goaways) == 2)
+        assert peer.goaways[0] == (ErrorCodes.NO_ERROR, MAX_STREAM_ID)
+        assert peer.goaways[1] == (ErrorCodes.NO_ERROR, racing)  # after the PING's round trip
+        await peer.until(lambda: peer.streams[racing].ended)
+        assert peer.streams[racing].status == 200
+        late = await peer.request(b"/")  # sent after the real GOAWAY: above its last-stream-id
         await peer.until(lambda: peer.streams[late].reset_code is not None)
         assert peer.streams[late].reset_code == ErrorCodes.REFUSED_STREAM
         gate.release.set()
         await peer.until(lambda: peer.streams[in_flight].ended)
         assert peer.streams[in_flight].body == b"released\n"
         await done.wait()
+
+
+async def test_drain_of_an_idle_connection_sends_one_goaway_at_once(autojump_clock):
+    async with connection(hello) as (peer, ctx, conn, done):
+        sid = await peer.request()
+        await peer.until(lambda: peer.streams[sid].ended)
+        started = trio.current_time()
+        ctx.draining = True
+        conn.drain()
+        await done.wait()
+        await peer.until(lambda: peer.goaway is not None)
+        assert peer.goaways == [(ErrorCodes.NO_ERROR, sid)]
+        assert trio.current_time() == started
+
+
+async def test_drain_of_a_connection_that_goes_idle_soon_sends_one_goaway(autojump_clock):
+    gate = Gate()
+    async with connection(Router({b"/wait": gate, b"/": hello})) as (peer, ctx, conn, done):
+        in_flight = await peer.request(b"/wait")
+        await gate.arrived.wait()
+        ctx.draining = True
+        conn.drain()
+        await trio.sleep(drain_idle_wait_s(LIMITS) / 2)
+        gate.release.set()
+        await peer.until(lambda: peer.streams[in_flight].ended and peer.goaway is not None)
+        await done.wait()
+        assert peer.goaways == [(ErrorCodes.NO_ERROR, in_flight)]
 
 
 async def test_head_response_has_length_but_no_body(autojump_clock):

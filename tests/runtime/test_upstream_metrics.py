@@ -47,7 +47,7 @@ vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
 
 
 def test_parse_vllm_v0():
-    assert parse_saturation(VLLM_V0) == UpstreamSaturation(waiting=9.0, kv_cache_usage=0.83)
+    assert parse_saturation(VLLM_V0) == UpstreamSaturation(waiting=9.0, kv_cache_usage=0.83, running=12.0)
 
 
 def test_parse_vllm_v1_names_and_max_over_engines():
@@ -123,3 +123,44 @@ async def test_reader_is_off_without_a_path(autojump_clock):
     async with trio.open_nursery() as nursery:
         await nursery.start(reader.run)
     assert not reader.enabled and reader.kv_cache_fraction() is None and reader.waiting() is None
+
+
+# Triton's metrics port (8002): the pending count per model, no running gauge.
+TRITON = """\
+# HELP nv_inference_pending_request_count Instantaneous number of pending requests awaiting execution per-model.
+# TYPE nv_inference_pending_request_count gauge
+nv_inference_pending_request_count{model="tiny",version="1"} 3
+nv_inference_pending_request_count{model="other",version="1"} 1
+nv_inference_request_success{model="tiny",version="1"} 120
+"""
+
+
+def test_parse_triton_pending_as_waiting():
+    assert parse_saturation(TRITON) == UpstreamSaturation(waiting=4.0, kv_cache_usage=None, running=None)
+
+
+async def test_an_upstream_metrics_url_reads_another_port_and_each_reading_is_heard():
+    seen: list = []
+    hits: list[str] = []
+
+    def triton(request: httpx.Request) -> httpx.Response:
+        hits.append(str(request.url))
+        return httpx.Response(200, text=TRITON)
+
+    pol = Policy(upstreams=[Upstream(url="http://triton.test:8000", metrics_url="http://triton.test:8002/metrics")])
+    metrics = Metrics()
+    reader = UpstreamMetricsReader(pol, metrics=metrics)
+    reader.on_reading = lambda i, sat: seen.append((i, sat.waiting, sat.running))
+    assert reader.enabled  # no gpu.upstream_metrics_path needed
+    async with httpx.AsyncClient(transport=httpx.MockTransport(triton)) as client:
+        await reader.read_once(client, 0)
+    assert hits == ["http://triton.test:8002/metrics"] and seen == [(0, 4.0, None)]
+    assert metrics.registry.get_sample_value("rampmeter_upstream_waiting_requests", {"upstream": "0"}) == 4.0
+
+
+async def test_the_running_gauge_is_exported():
+    server, metrics = MetricsServer(VLLM_V0), Metrics()
+    reader = UpstreamMetricsReader(policy(), metrics=metrics)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(server)) as client:
+        await reader.read_once(client, 0)
+    assert metrics.registry.get_sample_value("rampmeter_upstream_running_requests", {"upstream": "0"}) == 12.0

@@ -61,9 +61,17 @@ class Stack:
 
 
 @contextlib.contextmanager
-def attacked_stack(*sidecar_args: str, policy: str | None = None, protocol: str = "http1") -> Iterator[Stack]:
-    """A fast sim pod (speed 20: a short chat answers in a few ms) and a ready sidecar in front of it."""
-    with sim_pod(speed=20.0) as pod, sidecar(pod.url(), *sidecar_args, policy=policy, protocol=protocol) as proxy:
+def attacked_stack(
+    *sidecar_args: str, policy: str | None = None, protocol: str = "http1", nofile: int | None = None
+) -> Iterator[Stack]:
+    """A fast sim pod (speed 20: a short chat answers in a few ms) and a ready sidecar in front of it.
+
+    `nofile`: the sidecar's open-file limit (RLIMIT_NOFILE), for attacks on file descriptors.
+    """
+    with (
+        sim_pod(speed=20.0) as pod,
+        sidecar(pod.url(), *sidecar_args, policy=policy, protocol=protocol, nofile=nofile) as proxy,
+    ):
         yield Stack(pod, proxy)
 
 
@@ -112,10 +120,23 @@ class Report:
 
 
 class Bystander:
-    """Ordinary traffic beside an attack: `rate` requests/s on its own connection, /readyz, RSS."""
+    """Ordinary traffic beside an attack: `rate` requests/s on its own connection, /readyz, RSS.
 
-    def __init__(self, stack: Stack, *, rate: float = 20.0, http2: bool = False, timeout_s: float = 5.0) -> None:
+    `keepalive=False`: a new connection for every request, as a client arriving during the
+    attack would be (an attack on connection slots spares a connection opened before it).
+    """
+
+    def __init__(
+        self,
+        stack: Stack,
+        *,
+        rate: float = 20.0,
+        http2: bool = False,
+        timeout_s: float = 5.0,
+        keepalive: bool = True,
+    ) -> None:
         self.stack, self.rate, self.http2, self.timeout_s = stack, rate, http2, timeout_s
+        self.keepalive = keepalive
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -145,7 +166,8 @@ class Bystander:
 
     def _requests(self) -> None:
         period = 1.0 / self.rate
-        with httpx.Client(http2=self.http2, http1=not self.http2, timeout=self.timeout_s) as client:
+        limits = httpx.Limits() if self.keepalive else httpx.Limits(max_keepalive_connections=0)
+        with httpx.Client(http2=self.http2, http1=not self.http2, timeout=self.timeout_s, limits=limits) as client:
             next_at = time.monotonic()
             while not self._stop.is_set():
                 start = time.monotonic()

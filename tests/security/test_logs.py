@@ -39,6 +39,8 @@ def count(pattern: str, text: str) -> int:
 def test_an_upstream_dying_mid_stream_logs_one_short_line_per_stream():
     with sim_pod(speed=1.0) as pod, sidecar(pod.url()) as proc:
         cut: list[str] = []
+        # One answer first: a route with only its priors sends one request at a time (unjudged_in_flight).
+        assert httpx.post(proc.url() + "/v1/chat/completions", json={**CHAT, "max_tokens": 1}, timeout=10).is_success
 
         def stream() -> None:
             body = {**CHAT, "max_tokens": 500, "stream": True}

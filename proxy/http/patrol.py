@@ -1,0 +1,154 @@
+"""One watch over all of a server's HTTP/1.1 connections: phase deadlines, eviction, clients that hung up.
+
+Theory of operation: one `Patrol` per `Server` (in its `ServerContext`), one task.
+Connections report phase changes to it with O(1) calls, and it keeps them in
+queues ordered by time, each queue with one timeout:
+
+    heads   a request head is due: fresh connections since accept, keep-alive ones
+            since the first byte of the head                  -> header_timeout_s
+    idle    keep-alive connections between requests, since their last answer
+                                                              -> idle_timeout_s
+    bodies  a handler waits for body bytes, by last progress  (its own timeout: the
+            body read waits under the request's deadline and body_timeout_s)
+
+A connection is in at most one queue. Each queue is an OrderedDict whose order is
+entry time, and entries of one queue share a timeout, so the earliest deadline is
+the first entry: the patrol expires connections from the front and then sleeps
+exactly until the next deadline (exact under trio's autojump clock). It never
+needs waking when an entry is added: it wakes at least every min(timeouts,
+WATCH_AFTER_S), and a new entry's deadline is at least that far off (ten passes
+a second cost nothing measurable).
+
+Requests in flight are the fourth queue, `_running`: (start, connection, request
+number), appended when a handler starts. A request still running WATCH_AFTER_S
+later gets a watcher task (the connection's `watch_peer`), which waits for the
+client's socket to become readable: EOF or a reset means the client hung up, and
+the connection's scope is cancelled, with its handler and the upstream exchange.
+The overwhelming majority of requests end sooner and cost a deque append; a
+finished entry is dropped when the patrol reaches it.
+
+Eviction (`victim()`, when listen.max_connections is reached): the connection
+whose last sign of life is oldest among the first entries of the three queues:
+a slowloris head, a stalled body, the longest-idle keep-alive connection. A
+connection whose handler runs is never evicted.
+
+Why not a cancel scope per connection phase: entering and leaving a trio scope
+costs ~17 us and moving a live scope's deadline ~3.5 us on the shared machine
+(trio keeps a heap of deadlines); an OrderedDict insert and delete costs ~0.1 us.
+
+`expire(reason)` on the connection is called with "head", "idle" or "evicted";
+the connection cancels its own scope and answers as the reason requires.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from typing import Protocol
+
+import trio
+
+WATCH_AFTER_S = 0.1  # a request running this long gets a watcher for its client's hang-up
+
+
+class Patrolled(Protocol):
+    since: float  # when it entered its current queue (trio time)
+    requests: int  # requests begun on it
+
+    def expire(self, reason: str) -> None: ...
+
+    async def watch_peer(self, request_number: int) -> None: ...
+
+
+class Patrol:
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx  # ServerContext: `limits` is read at each pass (a reload may change them)
+        self.heads: OrderedDict[Patrolled, None] = OrderedDict()
+        self.idle: OrderedDict[Patrolled, None] = OrderedDict()
+        self.bodies: OrderedDict[Patrolled, None] = OrderedDict()
+        self._queue: dict[Patrolled, OrderedDict] = {}  # where each connection is
+        self._running: deque[tuple[float, Patrolled, int]] = deque()
+        self.nursery: trio.Nursery | None = None
+        self.expired = 0
+        self.watchers = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"<Patrol heads={len(self.heads)} idle={len(self.idle)} bodies={len(self.bodies)} "
+            f"running~{len(self._running)} expired={self.expired}>"
+        )
+
+    # --- phase changes (each O(1)) ---
+    def head_due(self, conn: Patrolled, now: float) -> None:
+        self._enter(conn, self.heads, now)
+
+    def idle_since(self, conn: Patrolled, now: float) -> None:
+        self._enter(conn, self.idle, now)
+
+    def body_wait(self, conn: Patrolled, now: float) -> None:
+        self._enter(conn, self.bodies, now)
+
+    def running(self, conn: Patrolled, request_number: int, now: float) -> None:
+        self.forget(conn)
+        self._running.append((now, conn, request_number))
+
+    def forget(self, conn: Patrolled) -> None:
+        queue = self._queue.pop(conn, None)
+        if queue is not None:
+            del queue[conn]
+
+    def _enter(self, conn: Patrolled, queue: OrderedDict, now: float) -> None:
+        old = self._queue.get(conn)
+        if old is not None:
+            del old[conn]
+        queue[conn] = None
+        self._queue[conn] = queue
+        conn.since = now
+
+    # --- eviction ---
+    def victim(self) -> Patrolled | None:
+        """Take the connection with the oldest sign of life out of the queues (the caller evicts it)."""
+        best = None
+        for queue in (self.heads, self.idle, self.bodies):
+            if queue:
+                first = next(iter(queue))
+                if best is None or first.since < best.since:
+                    best = first
+        if best is not None:
+            self.forget(best)
+        return best
+
+    # --- the task ---
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            task_status.started()
+            while True:
+                await trio.sleep_until(self._pass(trio.current_time()))
+
+    def _pass(self, now: float) -> float:
+        """Expire what is due and start watchers; returns when the next pass is due."""
+        limits = self.ctx.limits
+        header, idle = limits.header_timeout_s, limits.idle_timeout_s
+        at = now + min(header, idle, WATCH_AFTER_S)  # a request started now gets its watcher in time
+        at = min(at, self._expire(self.heads, now, header, "head"), self._expire(self.idle, now, idle, "idle"))
+        running = self._running
+        while running and running[0][0] + WATCH_AFTER_S <= now:
+            _, conn, number = running.popleft()
+            if conn.requests == number and self.nursery is not None:
+                self.watchers += 1
+                self.nursery.start_soon(conn.watch_peer, number)
+        if running:
+            at = min(at, running[0][0] + WATCH_AFTER_S)
+        return at
+
+    def _expire(self, queue: OrderedDict, now: float, timeout_s: float, reason: str) -> float:
+        while queue:
+            conn = next(iter(queue))
+            due = conn.since + timeout_s
+            if due > now:
+                return due
+            self.forget(conn)
+            self.expired += 1
+            conn.expire(reason)
+        return math.inf
