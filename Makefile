@@ -51,11 +51,11 @@ bench-deps:
 	      apt-get install -y -qq nghttp2-client nginx haproxy redis-server wrk)
 
 bench-quick: setup bench-deps
-	for b in overhead loadtest_accuracy scheduling overload dedup retry_storm coldstart; do \
+	for b in overhead loadtest_accuracy scheduling overload dedup retry_storm coldstart microbatch; do \
 	  $(PY) -m bench.$$b --quick || exit 1; done
 
 bench: setup bench-deps
-	for b in overhead loadtest_accuracy scheduling overload dedup retry_storm coldstart; do \
+	for b in overhead loadtest_accuracy scheduling overload dedup retry_storm coldstart microbatch; do \
 	  $(PY) -m bench.$$b || exit 1; done
 
 clean:

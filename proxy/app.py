@@ -45,6 +45,7 @@ from proxy.http.server import FD_BASE_RESERVE, Server
 from proxy.policy import shedding as shedding_policy
 from proxy.policy.schema import Listen, Policy
 from proxy.runtime.admin import AdminHandler
+from proxy.runtime.batcher import Batcher
 from proxy.runtime.dedup import Dedup, build_store
 from proxy.runtime.gpu import GpuSampler
 from proxy.runtime.metrics import Metrics
@@ -140,6 +141,7 @@ class App:
             warmer.on_sample = self.scheduler.learn_probe
         self.gpu = GpuSampler(policy.gpu, metrics=metrics, nvml=nvml)
         self.upstream_metrics = UpstreamMetricsReader(policy, metrics=metrics)
+        self.batcher = Batcher(policy, metrics)
         # The engine's own gauges feed admission: engine_queue limit, gradient ceiling, cancel habit.
         self.upstream_metrics.on_reading = lambda i, s: self.scheduler.note_engine(i, s.running, s.waiting)
         self.request_path = RequestPath(self)
@@ -184,6 +186,7 @@ class App:
             await nursery.start(self.lifecycles.run)
             await nursery.start(self.gpu.run)
             await nursery.start(self.upstream_metrics.run)
+            await nursery.start(self.batcher.run)
             await nursery.start(self.scheduler.run)  # ends phantom leases on time
             nursery.start_soon(self._signals)
             data = await _listen(nursery, self.data_server, data_address)
@@ -249,6 +252,7 @@ class App:
             self.observatory.configure(policy.latency)  # new windows, samples start over
         self._build_gate(policy)
         self.dedup.policy = policy.dedup
+        self.batcher.configure(policy)
         self.lifecycles.update_policy(policy)
         self.metrics.policy_version.set(version.version)
 
@@ -271,6 +275,7 @@ class App:
             "gpu_memory_pressure": self.gate.gpu_memory_fraction,
             "latency": self.observatory.statistics(now),
             "dedup": self.dedup.statistics(),
+            "batching": self.batcher.statistics(),
             "readiness": self.lifecycles.statistics(),
             "gpu": self.gpu.statistics(),
             "upstream_metrics": self.upstream_metrics.statistics(),

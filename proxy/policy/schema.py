@@ -19,6 +19,7 @@ import msgspec
 from msgspec import Meta
 
 from proxy.policy import admission as _admission
+from proxy.policy import batching as _batching
 from proxy.policy import dedup as _dedup
 from proxy.policy import shedding as _shedding
 from proxy.policy import warmup as _warmup
@@ -281,3 +282,5 @@ class Policy(Section):
     limits: _admission.Limits = msgspec.field(default_factory=lambda: _admission.Limits())
     # Idempotent dedup (proxy/policy/dedup.py); lazy, as above.
     dedup: _dedup.Dedup = msgspec.field(default_factory=lambda: _dedup.Dedup())
+    # Dynamic micro-batching of embeddings / rerank / KServe v2 calls (proxy/policy/batching.py); lazy, as above.
+    batching: _batching.Batching = msgspec.field(default_factory=lambda: _batching.Batching())

@@ -272,6 +272,64 @@ SPECS: list[Spec] = [
         (0.125, 0.25, 0.5, 0.8, 0.9, 1.0, 1.1, 1.25, 2.0, 4.0, 8.0),
     ),
     Spec("unknown_priority_total", Counter, "Requests whose x-priority named no class (served as the default class)."),
+    # --- micro-batching (core/batching.py, runtime/batcher.py); `route` is a [[batching.routes]] path ---
+    Spec(
+        "batch_items",
+        Histogram,
+        "Inputs (rows) per upstream batch call, by route.",
+        ("route",),
+        (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+    ),
+    Spec(
+        "batch_tokens",
+        Histogram,
+        "Estimated input tokens per upstream batch call, by route (kserve_v2: tensor elements).",
+        ("route",),
+        (16, 64, 256, 1024, 4096, 16384, 65536, 262144),
+    ),
+    Spec(
+        "batch_wait_seconds",
+        Histogram,
+        "Time a request waited in the batcher, from admission to its batch being sent, by route.",
+        ("route",),
+        LATENCY_BUCKETS,
+    ),
+    Spec(
+        "batches_total",
+        Counter,
+        "Batches sent, by route and what closed them: size, tokens, time (max_wait_ms or the adaptive window), deadline.",
+        ("route", "closed_by"),
+    ),
+    Spec(
+        "batch_padding_tokens_total",
+        Counter,
+        "Padding left in sent batches: longest input x inputs - tokens, what a padding server computes for nothing.",
+        ("route",),
+    ),
+    Spec(
+        "batch_padding_saved_tokens_total",
+        Counter,
+        "Padding that grouping by length saved: (longest input gathering under the same key in any bucket - the batch's longest) x inputs.",
+        ("route",),
+    ),
+    Spec(
+        "batch_unbatched_total",
+        Counter,
+        "Requests on a batchable route forwarded alone, by reason (not_json_object, no_input, input_shape, too_large, max_open_batches).",
+        ("route", "reason"),
+    ),
+    Spec(
+        "batch_members_dropped_total",
+        Counter,
+        "Batch members whose client left: before the batch was sent (gathering: taken out) or after (sent: its share discarded).",
+        ("route", "stage"),
+    ),
+    Spec(
+        "batch_retries_total",
+        Counter,
+        "Failed batches sent again once: blamed (the answer named one input; the others again) or split (two halves).",
+        ("route", "kind"),
+    ),
     # --- idempotent dedup (runtime/dedup/) ---
     Spec(
         "dedup_decisions_total",

@@ -7,7 +7,8 @@ reads like the path itself:
     -> classify (class, cost, tenant, one absolute deadline)
     -> dedup claim (leader / follower / replay) -> readiness -> shed check and
     admission queue (SJF with aging), waiting for a slot under the deadline ->
-    forward upstream with the remaining budget -> stream the response back ->
+    forward upstream with the remaining budget (alone, or merged with others by
+    the batcher on a batchable route) -> stream the response back ->
     record latency, resolve dedup, release the slot exactly once
 
 Each step is a call into the module that owns it; this file only sequences them
@@ -56,9 +57,9 @@ from proxy.core.served_paths import ServedPaths
 from proxy.errors import ResponseCut, UpstreamTimeout
 from proxy.http.messages import Request, ResponseSink
 from proxy.http.ratelog import RateLimitedLog
-from proxy.runtime import relay
 from proxy.runtime.classify import classify
 from proxy.runtime.dedup import Follower, Leader, Replay
+from proxy.runtime.relay import Forwarded
 from proxy.runtime.sinks import RecordingSink, TeeSink, play
 
 log = logging.getLogger("rampmeter.request")
@@ -152,7 +153,7 @@ class RequestPath:
         """Readiness, admission and the upstream exchange, all under the ticket's deadline (`outlive`:
         a background leader, which a server that keeps computing may finish past it)."""
         app = self.app
-        if app.lifecycles.ready and request.http_version != "2" and not outlive:
+        if app.lifecycles.ready and request.http_version != "2" and not outlive and not app.batcher.batches(request):
             # HTTP/1.1 fast path, no cancel scope: the pool bounds the exchange by the deadline.
             request.deadline = ticket.deadline
             async with app.scheduler.admit(ticket) as slot:
@@ -222,15 +223,16 @@ class RequestPath:
 
         # The slot is released when the upstream's part is over, before the last write to the client
         # (a deadline the pool ended it at is a censored cut, as the scope's cancellation would be).
-        def release(r: relay.Forwarded) -> None:
+        def release(r: Forwarded) -> None:
             if r.reason is wire.Reason.DEADLINE_EXPIRED:
                 slot.cut()
             else:
                 slot.done(r.outcome, r.service_ms, r.observed)
 
         try:
-            result = await relay.forward(
-                app.pool, upstream, timeout_s, request, body, sink, extra, ticket.deadline, release, scoped=scoped
+            # The batcher forwards it alone (relay.forward) unless its route batches (proxy/runtime/batcher.py).
+            result = await app.batcher.forward(
+                app.pool, upstream, timeout_s, request, body, sink, extra, ticket, release, scoped=scoped
             )
         except (UpstreamTimeout, trio.TooSlowError) as exc:  # unscoped only: the deadline passed mid-stream
             if not slot.released:

@@ -48,6 +48,17 @@ Two more built-in profiles carry those habits:
   after a disconnect. Alone, 16 output tokens take ~0.34 s, 256 take ~5.1 s.
 - "keeps-computing": a LitServe/PyTriton-style server: padded batches of up to
   8, 25 ms a step, keeps computing after a disconnect.
+
+Two embeddings servers for micro-batching (issue 19; bench/microbatch):
+- "embeddings-serial": a FastAPI / custom-predictor encoder that does not batch:
+  one call at a time, first come first served, 20 ms a call (one forward pass)
+  plus 0.02 ms a token of all its inputs, so one call with 32 inputs of 32
+  tokens costs 40.5 ms where 32 separate calls cost 660 ms. Keeps computing
+  after a disconnect, as such servers do.
+- "embeddings-padded": an encoder server that batches internally (TorchServe /
+  Triton's plain dynamic batcher): padded batches of up to 32 calls, 10 ms a
+  batch plus 0.1 ms a call, every call padded to the batch's longest prompt
+  (0.02 ms a token) and finishing with it.
 """
 
 from __future__ import annotations
@@ -168,6 +179,31 @@ PROFILES: dict[str, Profile] = {
         max_num_seqs=8,
         kv_capacity_tokens=1 << 20,
         default_max_tokens=16,
+        stops_on_cancel=False,
+        batching="padded",
+    ),
+    "embeddings-serial": Profile(
+        name="embeddings-serial",
+        model="sim-embeddings",
+        base_ms=20.0,
+        per_seq_ms=0.0,
+        prefill_ms_per_token=0.02,
+        max_num_seqs=1,
+        kv_capacity_tokens=1 << 30,
+        max_model_len=512,
+        default_max_tokens=1,
+        stops_on_cancel=False,
+    ),
+    "embeddings-padded": Profile(
+        name="embeddings-padded",
+        model="sim-embeddings",
+        base_ms=10.0,
+        per_seq_ms=0.1,
+        prefill_ms_per_token=0.02,
+        max_num_seqs=32,
+        kv_capacity_tokens=1 << 30,
+        max_model_len=512,
+        default_max_tokens=1,
         stops_on_cancel=False,
         batching="padded",
     ),
