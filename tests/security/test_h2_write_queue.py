@@ -48,7 +48,7 @@ def test_non_reading_ping_flood_is_bounded_then_closed(tmp_path):
         with Bystander(stack, rate=20) as h1, Bystander(stack, rate=20, http2=True) as h2c:
             sock = _non_reading_socket(stack)
             sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
-            blob, accepted, stalled_at = ping() * 1000, 0, None
+            blob, accepted, stalled_at, reset = ping() * 1000, 0, None, False
             stop_at = time.monotonic() + FLOOD_S
             while time.monotonic() < stop_at:
                 try:
@@ -57,7 +57,11 @@ def test_non_reading_ping_flood_is_bounded_then_closed(tmp_path):
                     stalled_at = stalled_at or time.monotonic()
                     continue
                 except OSError:
-                    break  # closed already
+                    # Closed already: on a slow machine the attacker fills the kernel buffers more
+                    # slowly than the send timeout runs, so the sidecar (which stopped reading, or its
+                    # write queue could not have held) hangs up before a send blocks for a whole second.
+                    reset = True
+                    break
                 accepted += sent
             time.sleep(SEND_TIMEOUT_S + 1.0)
             reader = FrameReader(sock)
@@ -67,6 +71,6 @@ def test_non_reading_ping_flood_is_bounded_then_closed(tmp_path):
         h1.report().check(min_success=0.95, max_p99_s=1.0, max_rss_mib=256)
         h2c.report().check(min_success=0.95, max_p99_s=1.0, max_rss_mib=256)
         assert accepted <= MAX_ACCEPTED_BYTES, f"the sidecar read {accepted / 2**20:.0f} MiB it could not answer"
-        assert stalled_at is not None, "the attacker's sends never stalled: the sidecar kept reading"
-        assert closed, "the sidecar kept the non-reading connection open past its send timeout"
+        assert stalled_at is not None or reset, "the attacker's sends never stalled: the sidecar kept reading"
+        assert reset or closed, "the sidecar kept the non-reading connection open past its send timeout"
         assert_clean_log(stack.sidecar)
