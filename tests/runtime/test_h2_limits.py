@@ -1,6 +1,6 @@
 """The HTTP/2 server's bounds, frame by frame over in-memory streams on trio's autojump clock.
 
-One test per bound (docs/security-h2.md), each with exact virtual time where a timeout
+One test per bound (docs/security.md, "HTTP/2 specifics"), each with exact virtual time where a timeout
 is involved; tests/security/test_h2_*.py attack the same bounds over real TCP.
 """
 
