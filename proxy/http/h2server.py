@@ -75,6 +75,8 @@ Where we step around h2, and why:
 
 from __future__ import annotations
 
+import contextlib
+
 import h2.config
 import h2.connection
 import h2.events
@@ -290,7 +292,8 @@ class H2Connection:
                     peer_gone = await self._read(initial)
                 if not peer_gone:
                     self._say_goodbye()
-                    with trio.move_on_after(CLOSE_GRACE_S):
+                    with trio.move_on_after(CLOSE_GRACE_S), contextlib.suppress(ClientGone):
+                        # ClientGone: the writer found the socket gone first; the GOAWAY cannot go out.
                         await self.flush()
                 self._abandon_streams()
                 nursery.cancel_scope.cancel()
