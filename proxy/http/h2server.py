@@ -22,7 +22,7 @@ request head, then idle_timeout_s whenever no stream is open; either ends the
 connection with GOAWAY(NO_ERROR).
 
 Bounds: one client, whatever it sends, gets a bounded share of CPU and memory
-(docs/security-h2.md; every number is a `[listen]` key or a constant here).
+(docs/security.md, "HTTP/2 specifics"; every number is a `[listen]` key or a constant here).
 - Frames are judged by their 9-byte header (`_Inbound`): longer than our
   SETTINGS_MAX_FRAME_SIZE is FRAME_SIZE_ERROR before a byte of the payload is kept,
   and a header block (HEADERS + CONTINUATION) past 4 x max_header_bytes, or a
@@ -67,13 +67,15 @@ Where we step around h2, and why:
   round trip: every stream the client started before it saw the first GOAWAY has
   arrived) or after DRAIN_RTT_MAX_S, the real last-stream-id; streams above it are
   refused. Why not always two: python-h2 clients (httpx) treat any GOAWAY as the end
-  of every stream not yet answered (docs/security-h2.md; tests/security/test_h2_drain.py).
+  of every stream not yet answered (docs/security.md; tests/security/test_h2_drain.py).
 - Header list size: we advertise limits.max_header_bytes; HPACK decoding allows
   4x that (beyond it: COMPRESSION/ENHANCE_YOUR_CALM connection error), and a list
   between the two gets 431 on its own stream.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import h2.config
 import h2.connection
@@ -290,7 +292,8 @@ class H2Connection:
                     peer_gone = await self._read(initial)
                 if not peer_gone:
                     self._say_goodbye()
-                    with trio.move_on_after(CLOSE_GRACE_S):
+                    with trio.move_on_after(CLOSE_GRACE_S), contextlib.suppress(ClientGone):
+                        # ClientGone: the writer found the socket gone first; the GOAWAY cannot go out.
                         await self.flush()
                 self._abandon_streams()
                 nursery.cancel_scope.cancel()

@@ -76,9 +76,9 @@ class Listen(Section):
         Meta(
             gt=0,
             le=3600,
-            description="Longest wait for the next bytes of a request body (and for its first); longer gets 408 and the connection closes (as nginx's client_body_timeout). The request's own deadline (x-request-timeout-ms, grpc-timeout) also applies while its body is read.",
+            description="Longest wait for the next bytes of a request body (and for its first) while the sidecar is reading it; past it HTTP/1.1 gets 408 and the connection closes (as nginx's client_body_timeout), HTTP/2 gets RST_STREAM CANCEL. The request's own deadline (x-request-timeout-ms, grpc-timeout) also applies while its body is read.",
         ),
-    ] = 10.0
+    ] = 30.0
     idle_timeout_s: Annotated[
         float, Meta(gt=0, le=86_400, description="Idle keep-alive connections are closed after this long.")
     ] = 75.0
@@ -98,14 +98,6 @@ class Listen(Section):
         ),
     ] = msgspec.field(default_factory=list)
     # --- bounds on what one client can make the sidecar hold or do (docs/security.md) ---
-    body_timeout_s: Annotated[
-        float,
-        Meta(
-            gt=0,
-            le=3600,
-            description="Longest wait for the next bytes of a request body while the sidecar is reading it; past it the request ends (HTTP/2: RST_STREAM CANCEL). The request's own x-request-timeout-ms / grpc-timeout apply while the body is read too.",
-        ),
-    ] = 30.0
     h2_send_timeout_s: Annotated[
         float,
         Meta(

@@ -170,11 +170,16 @@ class H2Conn:
             threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
-        try:
-            while data := self.sock.recv(65_536):
-                self.frames.feed(data)
-        except OSError:
-            pass
+        while True:
+            try:
+                data = self.sock.recv(65_536)
+            except TimeoutError:
+                continue  # silence, not a close: a zero-window stream hears nothing after its head
+            except OSError:
+                break  # reset, or closed by us
+            if not data:
+                break
+            self.frames.feed(data)
         self.closed.set()
 
     def headers(self, path: bytes, *, method: bytes = b"POST", end_stream: bool = False) -> tuple[int, bytes]:
@@ -317,6 +322,8 @@ def zero_window(target: tuple[str, int], stop: threading.Event, tally: Tally) ->
         except OSError:
             pass
         tally.add(outcome=conn.outcome() if conn.closed.is_set() else "held")
+        for status, n in conn.frames.statuses.items():  # response heads: the upstream answered
+            tally.outcomes[f"status:{status}"] += n
         for code, n in conn.frames.resets.items():
             tally.outcomes[f"rst:{code}"] += n
         conn.close()

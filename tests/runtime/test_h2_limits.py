@@ -1,6 +1,6 @@
 """The HTTP/2 server's bounds, frame by frame over in-memory streams on trio's autojump clock.
 
-One test per bound (docs/security-h2.md), each with exact virtual time where a timeout
+One test per bound (docs/security.md, "HTTP/2 specifics"), each with exact virtual time where a timeout
 is involved; tests/security/test_h2_*.py attack the same bounds over real TCP.
 """
 
@@ -471,3 +471,22 @@ async def test_a_client_that_stops_reading_is_not_read_and_is_closed_after_the_s
         assert accepted < 4 * h2server.OUT_HIGH  # it stopped reading once its queue was full
         assert stalled_at is not None and closed_at - stalled_at <= limits.h2_send_timeout_s + 1
         assert counted(metrics, "h2_timeouts") == {"send": 1}
+
+
+# --- the connection's own end ---
+async def test_a_writer_that_failed_first_leaves_a_quiet_goodbye(autojump_clock, monkeypatch):
+    """The writer finds the socket gone (and cancels the connection) while the reader handles its last
+    read without a checkpoint, then returns for a GOAWAY: the goodbye's flush must not escape as a bug.
+
+    Seen under load in tests/security/test_h2_control_flood.py: ClientGone out of `run`, one traceback
+    per flooding connection."""
+
+    async def last_read(self, initial: bytes) -> bool:
+        self._nursery.cancel_scope.cancel()  # what _write_loop does on BrokenResourceError
+        return False  # a protocol error (a flood): GOAWAY queued, to be flushed
+
+    monkeypatch.setattr(H2Connection, "_read", last_read)
+    _, server_stream = trio.testing.memory_stream_pair()
+    conn = H2Connection(ServerContext(hello, LIMITS, None), server_stream, "192.0.2.9", trio.current_time())
+    await conn.run(b"")  # returns; before the fix: ExceptionGroup(ClientGone)
+    assert conn.streams == {}
