@@ -369,11 +369,14 @@ class H1Connection:
         """The only way to write during an exchange. A failed or interrupted write loses the framing.
 
         A write that must wait for room waits until the request's deadline at most (`Request.deadline`,
-        set by the handler): a client that does not read its answer is then as good as gone.
+        set by the handler), and while the client takes bytes at least every listen.send_timeout_s:
+        a client that does not read its answer is then as good as gone. The stall bound is what
+        ends a client pipelining requests the sidecar answers itself (no deadline) and never reading.
         """
         request = self._request
         try:
-            await self._io.send_all(data, math.inf if request is None else request.deadline)
+            deadline = math.inf if request is None else request.deadline
+            await self._io.send_all(data, deadline, self.ctx.limits.send_timeout_s)
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
             self.broken = True
             if request is not None:
@@ -481,9 +484,9 @@ class H1Connection:
     async def _answer_problem(self, data: bytes) -> None:
         """An answer of the connection's own (400, 408, 431): only ever sent while no exchange writes."""
         try:
-            await self._io.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+            await self._io.send_all(data, math.inf, self.ctx.limits.send_timeout_s)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+            pass  # the connection closes next either way
 
     async def _close(self, linger: bool) -> None:
         try:

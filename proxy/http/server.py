@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 import trio
 
+from proxy.errors import StartupError
 from proxy.http.exchange import CLIENT, ServerContext
 from proxy.http.h1server import PREFACE, H1Connection
 from proxy.http.h2server import H2Connection
@@ -240,7 +241,7 @@ class Server:
             cap, why = fd_cap(self._ctx.limits.max_connections, self._fd_reserve, _raise_nofile())
             if why is not None:
                 if cap < 1:
-                    raise RuntimeError(why)
+                    raise StartupError(why)
                 log.warning("%s", why)
                 self._fd_cap = cap
         host, port = parse_address(address)

@@ -65,12 +65,16 @@ async def _done_without_waiting() -> None:
 
 
 async def send_all(
-    sock: trio.socket.SocketType, data: bytes | bytearray | memoryview, deadline: float = math.inf
+    sock: trio.socket.SocketType,
+    data: bytes | bytearray | memoryview,
+    deadline: float = math.inf,
+    stall_s: float = math.inf,
 ) -> None:
     """Write all of `data`: at once if the kernel takes it, else waiting for room until `deadline`.
 
-    Past `deadline` (trio time) it raises trio.TooSlowError. Only a write that has to
-    wait pays for the cancel scope that takes.
+    Past `deadline` (trio time), or once the kernel has taken nothing for `stall_s`, it
+    raises trio.TooSlowError. Only a write that has to wait pays for the cancel scope
+    that takes.
     """
     global _streak
     await trio.lowlevel.checkpoint_if_cancelled()
@@ -84,7 +88,7 @@ async def send_all(
         await _done_without_waiting()
         return
     view = memoryview(data)
-    with trio.fail_at(deadline):
+    with trio.fail_at(min(deadline, trio.current_time() + stall_s)) as scope:
         while sent < len(view):
             _check_open(sock)
             try:
@@ -94,6 +98,8 @@ async def send_all(
                 continue
             except OSError as exc:
                 raise _translate(exc) from exc
+            if stall_s != math.inf:  # progress: the stall bound starts again
+                scope.deadline = min(deadline, trio.current_time() + stall_s)
     _streak = 0
 
 
@@ -131,8 +137,10 @@ class SocketIO:
     def __init__(self, sock: trio.socket.SocketType) -> None:
         self.sock = sock
 
-    async def send_all(self, data: bytes | bytearray | memoryview, deadline: float = math.inf) -> None:
-        await send_all(self.sock, data, deadline)
+    async def send_all(
+        self, data: bytes | bytearray | memoryview, deadline: float = math.inf, stall_s: float = math.inf
+    ) -> None:
+        await send_all(self.sock, data, deadline, stall_s)
 
     async def receive(self, max_bytes: int, wait_first: bool) -> bytes:
         return await receive(self.sock, max_bytes, wait_first)
@@ -146,8 +154,11 @@ class StreamIO:
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
 
-    async def send_all(self, data: bytes | bytearray | memoryview, deadline: float = math.inf) -> None:
-        with trio.fail_at(deadline):
+    async def send_all(
+        self, data: bytes | bytearray | memoryview, deadline: float = math.inf, stall_s: float = math.inf
+    ) -> None:
+        # No progress to watch through a stream's send_all: the stall bound caps the whole write.
+        with trio.fail_at(min(deadline, trio.current_time() + stall_s)):
             await self.stream.send_all(data)
 
     async def receive(self, max_bytes: int, wait_first: bool) -> bytes:

@@ -98,6 +98,14 @@ class Listen(Section):
         ),
     ] = msgspec.field(default_factory=list)
     # --- bounds on what one client can make the sidecar hold or do (docs/security.md) ---
+    send_timeout_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            le=3600,
+            description="HTTP/1.1: a response write that makes no progress for this long (the client takes no bytes) ends the connection, as nginx's send_timeout; the request's deadline also bounds it. It covers the sidecar's own answers too (400, 404, OPTIONS *), which have no deadline. HTTP/2: h2_send_timeout_s.",
+        ),
+    ] = 30.0
     h2_send_timeout_s: Annotated[
         float,
         Meta(

@@ -55,6 +55,25 @@ def test_data_port_in_use_is_one_line_and_exit_1(taken_port):
     assert said(done) == [f"rampmeter: cannot listen on 127.0.0.1:{taken_port}: address already in use"]
 
 
+def test_an_open_file_limit_with_no_room_for_clients_is_one_line():
+    done = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f"ulimit -n 200 && exec {sys.executable} -m proxy serve --upstream http://127.0.0.1:1"
+            " --listen 127.0.0.1:0 --admin 127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 1, done.stderr
+    (line,) = said(done)
+    assert line.startswith("rampmeter: the open-file limit (200) leaves no room for client connections"), line
+
+
 def test_admin_port_in_use_too(taken_port):
     done = serve("--admin", f"127.0.0.1:{taken_port}")
     assert done.returncode == 1

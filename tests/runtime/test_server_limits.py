@@ -13,6 +13,7 @@ import resource
 import pytest
 import trio
 
+from proxy.errors import StartupError
 from proxy.http import server as server_module
 from proxy.http.h1server import H1Connection
 from proxy.http.server import Server, fd_cap
@@ -52,7 +53,7 @@ async def test_the_server_applies_the_cap_at_start(monkeypatch, caplog):
 async def test_the_server_refuses_to_start_with_no_room_for_clients(monkeypatch):
     monkeypatch.setattr(server_module, "_raise_nofile", lambda: (50, 50))
     server = Server(hello, Listen(), fd_reserve=100)
-    with pytest.raises(RuntimeError, match="no room for client connections"):
+    with pytest.raises(StartupError, match="no room for client connections"):
         await server.serve("127.0.0.1:0")
 
 
