@@ -149,5 +149,11 @@ class ResponseSink(Protocol):
         """Finish the streamed response."""
         ...
 
+    async def trailers(self, headers: Headers) -> None:
+        """Finish the streamed response with trailer fields (gRPC's grpc-status): HTTP/2 sends a trailing
+        HEADERS frame with END_STREAM; HTTP/1.1 a chunked trailer section to a client that sent
+        `te: trailers`, else it ends as `end()` (the fields are dropped)."""
+        ...
+
 
 Handler = Callable[[Request, ResponseSink], Awaitable[None]]

@@ -132,6 +132,7 @@ class _Stream:
         "local_done",
         "reset",
         "status",
+        "trailers",
         "uploader",
     )
 
@@ -139,6 +140,7 @@ class _Stream:
         self.id = stream_id
         self.status: int | None = None
         self.headers: Headers = []
+        self.trailers: Headers | None = None  # the trailing HEADERS (gRPC: grpc-status), once received
         self.chunks: deque[tuple[bytes, int]] = deque()  # (data, flow-controlled length)
         self.ended = False  # peer sent END_STREAM
         self.local_done = False  # we sent END_STREAM
@@ -522,6 +524,13 @@ class H2Connection:
         s.chunks.append((event.data, event.flow_controlled_length))
         s.wake()
 
+    def _on_trailers(self, event: h2.events.TrailersReceived) -> None:
+        # h2 reports StreamEnded right after; the reader sees both in the same wake-up.
+        s = self._streams.get(event.stream_id)
+        if s is not None:
+            s.trailers = [(k, v) for k, v in event.headers if k[:1] != b":"]
+            s.wake()
+
     def _on_end(self, event: h2.events.StreamEnded) -> None:
         s = self._streams.get(event.stream_id)
         if s is not None:
@@ -587,6 +596,7 @@ class H2Connection:
     _DISPATCH: ClassVar[dict[type, Callable[[H2Connection, Any], None]]] = {
         h2.events.ResponseReceived: _on_response,
         h2.events.DataReceived: _on_data,
+        h2.events.TrailersReceived: _on_trailers,
         h2.events.StreamEnded: _on_end,
         h2.events.StreamReset: _on_reset,
         h2.events.WindowUpdated: _on_window,
@@ -645,6 +655,11 @@ class H2Response:
                 self.failed = isinstance(s.error, UpstreamProtocolError)  # else the body source failed
                 raise s.error
             await s.wait()
+
+    @property
+    def trailers(self) -> Headers | None:
+        """The trailer fields (pseudo-headers dropped), known once `receive()` returned b""; None if none came."""
+        return self._s.trailers
 
     async def read(self) -> bytes:
         """The whole remaining body (for small responses and tests)."""
