@@ -87,6 +87,7 @@ class Request:
         "received_at",
         "scheme",
         "target",
+        "trailers",
     )
 
     def __init__(
@@ -116,6 +117,8 @@ class Request:
         # Set by a handler that has one: the server then gives up on a client that keeps it
         # waiting past it (HTTP/1.1: a response the client does not read), answering as gone.
         self.deadline = math.inf
+        # Request trailer fields (HTTP/2 clients only), once the body has ended; forwarded after it.
+        self.trailers: Headers | None = None
 
     @property
     def path(self) -> bytes:

@@ -34,7 +34,8 @@ upstream re-stamped with what is left of the request's deadline when it is
 forwarded (time spent queueing here is gone), as gRPC and Envoy propagate
 deadlines; a deadline-aware model server then knows when nobody waits any more.
 
-Trailers: an HTTP/2 upstream's trailer fields (gRPC's grpc-status, grpc-message,
+Trailers: the client's request trailers (HTTP/2) follow the body to an h2c upstream; an
+HTTP/2 upstream's trailer fields (gRPC's grpc-status, grpc-message,
 trailing metadata) end the client's response through `sink.trailers()`, unchanged;
 a trailers-only answer (one HEADERS with END_STREAM) is relayed as that one HEADERS.
 
@@ -179,8 +180,10 @@ async def _bounded(pool, upstream, bound, *args) -> Forwarded:
 
 
 async def _exchange(pool, upstream, request, headers, body, sink, extra_headers, finished, deadline=None) -> Forwarded:
-    bound = () if deadline is None else (deadline,)
-    async with pool.request(upstream, request.method, request.target, headers, body, *bound) as resp:
+    args: tuple = () if deadline is None else (deadline,)
+    if request.trailers:  # the client's request trailers go up after the body (rare: gRPC sends none)
+        args = (math.inf if deadline is None else deadline, fwd.request_trailers(request.trailers))
+    async with pool.request(upstream, request.method, request.target, headers, body, *args) as resp:
         out_headers = fwd.response_headers(resp.headers, resp.http_version)
         out_headers += extra_headers
         return await _relay(resp, sink, out_headers, finished)

@@ -1,5 +1,6 @@
-"""Trailers through the response sinks (issue 17): HTTP/1.1 chunked trailers only for a client that
-said `te: trailers`, and the dedup recording that keeps them for followers and replays."""
+"""Trailers through the sinks and the relay (issue 17): HTTP/1.1 chunked trailers only for a client that
+said `te: trailers`, the dedup recording that keeps them for followers and replays, and request
+trailers from an HTTP/2 client up to an h2c upstream."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import h11
 import msgspec
 
 from proxy.core import dedup as events
+from proxy.http.messages import Request
+from proxy.runtime.relay import forward
 from proxy.runtime.sinks import RecordingSink, play
 from tests.runtime.test_server_h1 import connection
+from tests.runtime.test_server_h2 import connection as h2_connection
+from tests.runtime.test_upstream_h2 import h2_upstream, ok
 
 TRAILERS = [(b"grpc-status", b"0"), (b"x-done", b"yes"), (b"content-length", b"9")]
 
@@ -113,3 +118,37 @@ def test_a_stored_response_replays_its_trailers_and_old_records_still_decode():
     old = msgspec.msgpack.encode(["fp", 200, [], [b"a"], True])  # a record written before trailers were kept
     assert msgspec.msgpack.decode(old, type=events.Stored).trailers == []
     assert events.replay_events(msgspec.msgpack.decode(old, type=events.Stored))[-1] is events.END
+
+
+async def reports_request_trailers(request, sink) -> None:
+    body = await request.body.read_all()
+    await sink.respond(200, [(b"x-trailers", repr(request.trailers).encode())], body)
+
+
+async def test_the_h2_server_keeps_a_requests_trailers(autojump_clock):
+    async with h2_connection(reports_request_trailers) as (peer, _, _, _):
+        sid = await peer.request(b"/m", method=b"POST", end=False)
+        await peer.send(sid, b"body")
+        peer.conn.send_headers(sid, [(b"x-checksum", b"abc")], end_stream=True)
+        await peer.flush()
+        await peer.until(lambda: peer.streams[sid].ended)
+        assert peer.streams[sid].body == b"body"
+        assert peer.streams[sid].header(b"x-trailers") == b"[(b'x-checksum', b'abc')]"
+
+
+class _Collect:
+    headers_sent = False
+
+    async def respond(self, status, headers, body=b""):
+        self.answer = (status, body)
+
+
+async def test_request_trailers_go_up_after_the_body_to_an_h2c_upstream():
+    request = Request(b"POST", b"/m", [(b"host", b"x")], None, http_version="2")  # type: ignore[arg-type]
+    request.trailers = [(b"x-checksum", b"abc"), (b"connection", b"close")]
+    async with h2_upstream(ok) as (server, pool):
+        sink = _Collect()
+        result = await forward(pool, 0, 10.0, request, b"payload", sink, [])
+        assert result.status == 200 and sink.answer == (200, b"ok")
+        assert server.exchanges[0].body == b"payload"
+        assert server.exchanges[0].trailers == [(b"x-checksum", b"abc")]  # hop-by-hop fields never
