@@ -23,7 +23,8 @@ proxy. Configurations are interleaved (direct, sidecar, direct, sidecar, ...).
   clients whose gRPC retry policy retries UNAVAILABLE (a 10 ms backoff of its own, so the wait
   it keeps is the sidecar's grpc-retry-pushback-ms). Reported: goodput / peak, and the share of
   rejected attempts the client retried (the sidecar's rejections minus the calls that ended
-  rejected, over the sidecar's rejections). The same offered load direct, beside it.
+  rejected, over the sidecar's rejections). The same offered load direct, beside it, and
+  through the sidecar by clients without a retry policy (what the retries themselves cost).
 """
 
 NAME = "grpc"

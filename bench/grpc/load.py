@@ -43,14 +43,23 @@ def retrying_options(max_attempts: int = 5) -> list[tuple[str, object]]:
 
 @dataclass
 class Run:
-    seconds: float = 0.0
+    seconds: float = 0.0  # until the last call ended
+    offered_s: float = 0.0  # open loop: how long calls were started (goodput is per second of it)
     latencies_ms: list[float] = field(default_factory=list)  # of the calls that ended OK
+    ok_at_s: list[float] = field(default_factory=list)  # when each OK call ended, from the start of the run
+    t0: float = 0.0
     codes: Counter = field(default_factory=Counter)
     reasons: Counter = field(default_factory=Counter)  # x-rampmeter-reason of calls that ended rejected
 
     @property
     def ok(self) -> int:
         return self.codes.get("OK", 0)
+
+    def goodput(self, skip_s: float = 1.0) -> float:
+        """OK calls per second that ended inside the offered window, after the first `skip_s` (the ramp):
+        calls that end in the tail after it (served late from a queue) do not inflate it."""
+        window = max(1e-9, self.offered_s - skip_s)
+        return sum(1 for t in self.ok_at_s if skip_s <= t <= self.offered_s) / window
 
     @property
     def calls(self) -> int:
@@ -60,7 +69,9 @@ class Run:
 async def _call(stub, payload: bytes, timeout: float, run: Run, started: float) -> None:
     try:
         await stub(payload, timeout=timeout)
-        run.latencies_ms.append((time.perf_counter() - started) * 1000.0)
+        now = time.perf_counter()
+        run.latencies_ms.append((now - started) * 1000.0)
+        run.ok_at_s.append(now - run.t0)
         run.codes["OK"] += 1
     except aio.AioRpcError as exc:
         run.codes[exc.code().name] += 1
@@ -78,7 +89,7 @@ async def open_loop(
         if method == "Unary":
             await stub(b"warm", timeout=timeout)  # the connection is up before the clock starts
         tasks = []
-        t0 = time.perf_counter()
+        t0 = run.t0 = time.perf_counter()
         n = int(rate * seconds)
         for i in range(n):
             at = t0 + i / rate
@@ -86,6 +97,7 @@ async def open_loop(
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.ensure_future(_call(stub, payload, timeout, run, at)))
+        run.offered_s = n / rate
         await asyncio.gather(*tasks)
         run.seconds = time.perf_counter() - t0
     return run
@@ -95,7 +107,7 @@ async def closed_loop(target: str, method: str, payload: bytes, concurrency: int
     run = Run()
     async with aio.insecure_channel(target, options=_OPTIONS) as channel:
         stub = channel.unary_unary(f"/{SERVICE}/{method}")
-        t0 = time.perf_counter()
+        t0 = run.t0 = time.perf_counter()
         end = t0 + seconds
 
         async def worker() -> None:
