@@ -17,7 +17,7 @@ into a value: `Lead`, `Follow`, `Replay`, `Mismatch` or `InFlightConflict`.
 exchanges whose status is deterministic (below 500, not 408/425/429) and whose
 size fits are stored, so a failure is never replayed and a retry re-executes.
 
-Subscribers (coalesced followers, replays) read `Head`, `Chunk`, then exactly one
+Subscribers (coalesced followers, replays) read `Head`, `Chunk`, `Trailers` if any, then exactly one
 terminal `End` or `Failed`. Raw keys never leave this module: logs and metrics
 use `short()` of the scope, itself a hash.
 
@@ -91,10 +91,14 @@ class Stored(msgspec.Struct, frozen=True, array_like=True):
     headers: list[tuple[bytes, bytes]]
     chunks: list[bytes]
     streamed: bool = False
+    # The response's trailer fields (gRPC: grpc-status); last, with a default, so records
+    # stored before trailers were kept still decode.
+    trailers: list[tuple[bytes, bytes]] = msgspec.field(default_factory=list)
 
     @property
     def size(self) -> int:
-        return sum(map(len, self.chunks)) + sum(len(k) + len(v) for k, v in self.headers)
+        fields = [*self.headers, *self.trailers]
+        return sum(map(len, self.chunks)) + sum(len(k) + len(v) for k, v in fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +111,13 @@ class Head:
 @dataclass(frozen=True, slots=True)
 class Chunk:
     data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Trailers:
+    """The trailer fields that end a streamed response (then End)."""
+
+    headers: list[tuple[bytes, bytes]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +134,7 @@ class Failed:
 
 
 END = End()
-Event = Head | Chunk | End | Failed
+Event = Head | Chunk | Trailers | End | Failed
 
 
 def replayed(head: Head) -> Head:
@@ -133,7 +144,8 @@ def replayed(head: Head) -> Head:
 
 def replay_events(stored: Stored) -> list[Event]:
     head = replayed(Head(stored.status, stored.headers, stored.streamed))
-    return [head, *(Chunk(c) for c in stored.chunks), END]
+    tail: list[Event] = [Trailers(stored.trailers)] if stored.trailers else []
+    return [head, *(Chunk(c) for c in stored.chunks), *tail, END]
 
 
 # --- the record state machine --------------------------------------------------------

@@ -8,7 +8,9 @@ the output tuples) and never mutates what it was given.
 
 Rules (RFC 9110 7.6, RFC 9113 8.2/8.3):
 - hop-by-hop fields (`proxy.http.messages.HOP_BY_HOP`) and every field named in
-  `connection` are dropped in both directions.
+  `connection` are dropped in both directions, except a client's `te` that lists
+  `trailers`, which goes on as `te: trailers`: it says the client reads trailers,
+  which the proxy now relays, and gRPC servers reset a call without it.
 - the client's Host goes upstream as-is; absent (HTTP/2 clients send :authority),
   it is the client's :authority, else the upstream's own authority.
 - `via` and `x-forwarded-for` are appended to (one combined field, since many
@@ -27,6 +29,7 @@ from __future__ import annotations
 from proxy.http.messages import HOP_BY_HOP, Headers, Request
 
 _VIA_NAME = b"rampmeter"
+_TE_TRAILERS = (b"te", b"trailers")
 _VIA = {"1.0": b"1.0 rampmeter", "1.1": b"1.1 rampmeter", "2": b"2 rampmeter"}
 
 # Fields HTTP/2 forbids in any message (RFC 9113 8.2.2), `te` handled apart.
@@ -50,6 +53,10 @@ def _dropped(headers: Headers) -> frozenset[bytes]:
     return HOP_BY_HOP if extra is None else HOP_BY_HOP | extra
 
 
+def _lists_trailers(te: bytes) -> bool:
+    return b"trailers" in [t.split(b";")[0].strip().lower() for t in te.split(b",")]
+
+
 def _append(previous: bytes | None, value: bytes) -> bytes:
     return value if previous is None else previous + b", " + value
 
@@ -61,6 +68,8 @@ def request_headers(req: Request, upstream_authority: bytes) -> Headers:
     host = xff = via = cookie = None
     for k, v in req.headers:
         if k in drop or k == b"x-forwarded-proto":
+            if k == b"te" and _lists_trailers(v) and _TE_TRAILERS not in out:
+                out.append(_TE_TRAILERS)  # the one hop-by-hop field that goes on (module doc)
             continue
         if k == b"host":
             if host is None:
@@ -133,6 +142,11 @@ def h2_request_headers(
     if cookie is not None:
         out.append((b"cookie", cookie))
     return out
+
+
+def request_trailers(trailers: Headers) -> Headers:
+    """Request trailer fields to send on: hop-by-hop and pseudo-headers never (RFC 9110 6.5.1)."""
+    return [(k, v) for k, v in trailers if k not in HOP_BY_HOP and k[:1] != b":" and k != b"content-length"]
 
 
 def strip_pseudo(headers: Headers) -> Headers:

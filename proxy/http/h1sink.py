@@ -30,8 +30,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from proxy.http.exchange import BufferedBody
-from proxy.http.h1write import LAST_CHUNK, chunk, reason_phrase, response_head
-from proxy.http.messages import Headers
+from proxy.http.h1write import LAST_CHUNK, check_fields, chunk, reason_phrase, response_head
+from proxy.http.messages import HOP_BY_HOP, Headers, header_value
 
 if TYPE_CHECKING:
     from proxy.http.h1server import H1Connection
@@ -45,6 +45,8 @@ _FRAMING = frozenset({_CONTENT_LENGTH, _TRANSFER_ENCODING, _CONNECTION})
 _CLOSE = (b"connection", b"close")
 _KEEP_ALIVE = (b"connection", b"keep-alive")
 _CHUNKED = (b"transfer-encoding", b"chunked")
+# Never in a trailer section (RFC 9110 6.5.1): framing, routing and the fields the head decides.
+_NOT_TRAILERS = HOP_BY_HOP | {b"content-length", b"content-type", b"host", b"content-encoding"}
 
 
 class H1Body(BufferedBody):
@@ -132,6 +134,19 @@ class H1Sink:
             self._owner.broken = True  # the client waits for bytes that will never come: close
             raise RuntimeError(f"response body shorter than its content-length ({self._remaining} bytes missing)")
 
+    async def trailers(self, fields: Headers) -> None:
+        """End a streamed response with trailer fields: in the last chunk when the body is chunked and the
+        client said `te: trailers` (RFC 9110 10.1.4), else dropped (the body ends as end() ends it)."""
+        if not (self._chunked and self._has_body and _accepts_trailers(self._owner)):
+            await self.end()
+            return
+        if not self.headers_sent or self.finished:
+            raise RuntimeError("trailers() outside a started response")
+        kept = [(k, v) for k, v in fields if k not in _NOT_TRAILERS]
+        check_fields(kept)
+        self.finished = True
+        await self._owner.send(b"0\r\n" + b"".join([k + b": " + v + b"\r\n" for k, v in kept]) + b"\r\n")
+
     def abort(self) -> None:
         self._owner.broken = True
 
@@ -172,6 +187,13 @@ class H1Sink:
         elif owner.http10:
             fields = [*fields, _KEEP_ALIVE]
         return response_head(status, fields)
+
+
+def _accepts_trailers(owner: H1Connection) -> bool:
+    """The current request carries `te: trailers` (looked up only when trailers are to be sent)."""
+    request = owner._request  # the connection's current exchange, whose sink this is
+    te = None if request is None else header_value(request.headers, b"te")
+    return te is not None and b"trailers" in [t.split(b";")[0].strip().lower() for t in te.split(b",")]
 
 
 def error_response(status: int, message: str) -> bytes:

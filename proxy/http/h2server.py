@@ -398,6 +398,10 @@ class H2Connection:
                 self._data(event)
             elif kind is h2.events.RequestReceived:
                 self._open(event)
+            elif kind is h2.events.TrailersReceived:
+                stream = self.streams.get(event.stream_id)
+                if stream is not None:  # h2 bounds the block (max_header_list_size); StreamEnded follows
+                    stream.request.trailers = list(event.headers)
             elif kind is h2.events.StreamEnded:
                 stream = self.streams.get(event.stream_id)
                 if stream is not None:

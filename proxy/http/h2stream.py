@@ -49,6 +49,7 @@ NO_BODY_STATUS = frozenset({204, 304})
 _STATUS: dict[int, bytes] = {}
 _TIMEOUT = wire.REQUEST_TIMEOUT_MS.encode()
 _GRPC_TIMEOUT = wire.GRPC_TIMEOUT.encode()
+_GRPC_STATUS = b"grpc-status"
 
 
 def _status_bytes(status: int) -> bytes:
@@ -204,6 +205,7 @@ class H2Sink:
         "_held",
         "_held_bytes",
         "_stream",
+        "_trailers_held",
         "finished",
         "headers_sent",
         "status",
@@ -216,6 +218,7 @@ class H2Sink:
         self._held: deque[memoryview] = deque()  # bytes the window could not take yet, in order
         self._held_bytes = 0
         self._end_held = False  # END_STREAM goes with the last held bytes
+        self._trailers_held: Headers | None = None  # trailers that go (with END_STREAM) after the last held bytes
         self.headers_sent = False
         self.finished = False
         self.status = 0
@@ -225,7 +228,9 @@ class H2Sink:
         return bool(self._held)
 
     async def respond(self, status: int, headers: Headers, body: bytes = b"") -> None:
-        length = len(body)  # on HEAD, content-length still says what GET would send
+        length: int | None = len(body)  # on HEAD, content-length still says what GET would send
+        if not body and header_value(headers, _GRPC_STATUS) is not None:
+            length = None  # a gRPC trailers-only response goes out as it came: one HEADERS, nothing added
         if self._head_request or status in NO_BODY_STATUS:
             body = b""
         end = not body
@@ -258,6 +263,21 @@ class H2Sink:
             self._conn.kick()
         self.finished = True
 
+    async def trailers(self, headers: Headers) -> None:
+        """Finish the streamed response with a trailing HEADERS frame (END_STREAM), after any held bytes."""
+        if not self.headers_sent or self.finished:
+            raise RuntimeError("trailers() outside a started response")
+        fields = [(k, v) for k, v in headers if k not in HOP_BY_HOP and k[:1] != b":"]
+        if self._head_request or not fields:
+            await self.end()
+            return
+        if self._held:
+            self._trailers_held = fields
+        else:
+            self._h2_call(self._conn.h2.send_headers, self._stream.sid, fields, end_stream=True)
+            self._conn.kick()
+        self.finished = True
+
     def abort(self) -> None:
         self.drop_held()
         self._stream.reset(ErrorCodes.INTERNAL_ERROR)
@@ -272,6 +292,7 @@ class H2Sink:
         self._conn.holding.pop(self._stream.sid, None)
         self._held.clear()
         self._held_bytes = 0
+        self._trailers_held = None
 
     def _send_headers(self, status: int, headers: Headers, length: int | None, end: bool) -> None:
         if self.headers_sent:
@@ -346,6 +367,10 @@ class H2Sink:
             held.popleft()
         if not held:
             self._conn.holding.pop(self._stream.sid, None)
+            trailers, self._trailers_held = self._trailers_held, None
+            if trailers is not None:
+                self._h2_call(self._conn.h2.send_headers, self._stream.sid, trailers, end_stream=True)
+                self._conn.kick()
         return moved
 
     async def _room(self) -> None:

@@ -87,6 +87,7 @@ class Request:
         "received_at",
         "scheme",
         "target",
+        "trailers",
     )
 
     def __init__(
@@ -116,6 +117,8 @@ class Request:
         # Set by a handler that has one: the server then gives up on a client that keeps it
         # waiting past it (HTTP/1.1: a response the client does not read), answering as gone.
         self.deadline = math.inf
+        # Request trailer fields (HTTP/2 clients only), once the body has ended; forwarded after it.
+        self.trailers: Headers | None = None
 
     @property
     def path(self) -> bytes:
@@ -147,6 +150,12 @@ class ResponseSink(Protocol):
 
     async def end(self) -> None:
         """Finish the streamed response."""
+        ...
+
+    async def trailers(self, headers: Headers) -> None:
+        """Finish the streamed response with trailer fields (gRPC's grpc-status): HTTP/2 sends a trailing
+        HEADERS frame with END_STREAM; HTTP/1.1 a chunked trailer section to a client that sent
+        `te: trailers`, else it ends as `end()` (the fields are dropped)."""
         ...
 
 

@@ -162,7 +162,13 @@ class _H1Upstream(_Upstream):
         self.open = 0
 
     async def start(
-        self, method: bytes, target: bytes, headers: Headers, body: Any, deadline: float = math.inf
+        self,
+        method: bytes,
+        target: bytes,
+        headers: Headers,
+        body: Any,
+        deadline: float = math.inf,
+        trailers: Headers | None = None,  # not sent: HTTP/1.1 request trailers are not forwarded
     ) -> H1Response:
         self.outstanding += 1
         now = trio.current_time()
@@ -304,16 +310,23 @@ class _H2Upstream(_Upstream):
         self.lot = trio.lowlevel.ParkingLot()  # callers waiting for a stream slot
 
     async def start(
-        self, method: bytes, target: bytes, headers: Headers, body: Any, deadline: float = math.inf
+        self,
+        method: bytes,
+        target: bytes,
+        headers: Headers,
+        body: Any,
+        deadline: float = math.inf,
+        trailers: Headers | None = None,
     ) -> H2Response:
-        """`deadline` is not enforced here (bounds_deadlines() is False): the caller holds a scope."""
+        """`deadline` is not enforced here (bounds_deadlines() is False): the caller holds a scope.
+        `trailers`: the client's request trailers, sent after the body."""
         self.outstanding += 1
         started = trio.current_time()
         if isinstance(body, _BYTES_LIKE):
             headers = framed(method, headers, body)
         block = h2_request_headers(method, self._target(target), headers, authority=self.authority)
         try:
-            resp = await self._exchange(block, body)
+            resp = await self._exchange(block, body, trailers)
         except BaseException as exc:
             self._failed(exc)
             raise
@@ -321,14 +334,14 @@ class _H2Upstream(_Upstream):
         resp.started_at = started
         return resp
 
-    async def _exchange(self, block: Headers, body: Any) -> H2Response:
+    async def _exchange(self, block: Headers, body: Any, trailers: Headers | None = None) -> H2Response:
         conn = await self._connection()  # connect failures are not retried here
         try:
-            return await conn.send(block, body)
+            return await conn.send(block, body, trailers)
         except UpstreamError as exc:
             if exc.request_sent or not isinstance(body, _BYTES_LIKE):
                 raise
-        return await (await self._connection()).send(block, body)  # the one retry: it was not processed
+        return await (await self._connection()).send(block, body, trailers)  # the one retry: it was not processed
 
     async def _connection(self) -> H2Connection:
         while True:
@@ -449,14 +462,21 @@ class UpstreamPool:
         headers: Headers,
         body: bytes | AsyncIterable[bytes] = b"",
         deadline: float = math.inf,
+        trailers: Headers | None = None,
     ) -> _Exchange:
         """`async with pool.request(i, b"POST", b"/v1/x", headers, body) as resp:` (see module doc).
 
         `deadline` (trio time): an HTTP/1.1 exchange still running then fails with UpstreamTimeout.
+        `trailers`: request trailer fields, sent after the body to an h2c upstream (dropped for HTTP/1.1).
         """
         if self.nursery is None:
             raise RuntimeError("use `async with UpstreamPool(...)` before sending requests")
-        return _Exchange(self._ups[upstream], (method, target, headers, body, deadline))
+        args = (
+            (method, target, headers, body, deadline)
+            if trailers is None
+            else (method, target, headers, body, deadline, trailers)
+        )
+        return _Exchange(self._ups[upstream], args)
 
     def bounds_deadlines(self, upstream: int) -> bool:
         """Whether `request(..., deadline=)` bounds this upstream's exchanges (HTTP/1.1: yes; h2c: no)."""

@@ -132,6 +132,7 @@ class _Stream:
         "local_done",
         "reset",
         "status",
+        "trailers",
         "uploader",
     )
 
@@ -139,6 +140,7 @@ class _Stream:
         self.id = stream_id
         self.status: int | None = None
         self.headers: Headers = []
+        self.trailers: Headers | None = None  # the trailing HEADERS (gRPC: grpc-status), once received
         self.chunks: deque[tuple[bytes, int]] = deque()  # (data, flow-controlled length)
         self.ended = False  # peer sent END_STREAM
         self.local_done = False  # we sent END_STREAM
@@ -325,15 +327,20 @@ class H2Connection:
             h2_request_headers(method, target, headers, scheme=scheme, authority=self.label.encode()), body
         )
 
-    async def send(self, block: Headers, body: bytes | AsyncIterable[bytes] = b"") -> H2Response:
-        """Open a stream with header `block` (pseudo-headers first), upload `body`, wait for the head."""
+    async def send(
+        self, block: Headers, body: bytes | AsyncIterable[bytes] = b"", trailers: Headers | None = None
+    ) -> H2Response:
+        """Open a stream with header `block` (pseudo-headers first), upload `body`, wait for the head.
+
+        `trailers`: a trailing HEADERS with END_STREAM after the body (the client's request
+        trailers); such a body always goes by the upload task (rare: gRPC clients send none)."""
         await trio.lowlevel.checkpoint_if_cancelled()  # the HEADERS write below does not checkpoint
         if not self.has_capacity():
             raise UpstreamProtocolError(f"upstream {self.label}: connection takes no new streams", upstream=self.label)
         h = self._h2
         sid = h.get_next_available_stream_id()
         s = _Stream(sid)
-        small = isinstance(body, _BYTES_LIKE) and len(body) <= SMALL_BODY_BYTES
+        small = trailers is None and isinstance(body, _BYTES_LIKE) and len(body) <= SMALL_BODY_BYTES
         empty = small and not body
         try:
             h.send_headers(sid, block, end_stream=empty)
@@ -353,7 +360,7 @@ class H2Connection:
         try:
             if not small:
                 s.uploader = scope = trio.CancelScope()
-                self._nursery.start_soon(self._upload_task, s, scope, body)
+                self._nursery.start_soon(self._upload_task, s, scope, body, trailers)
             elif not s.local_done:
                 await self._upload(s, body, True)
             while s.status is None:
@@ -371,18 +378,23 @@ class H2Connection:
             raise
         return H2Response(self, s)
 
-    async def _upload_task(self, s: _Stream, scope: trio.CancelScope, body: Body) -> None:
+    async def _upload_task(
+        self, s: _Stream, scope: trio.CancelScope, body: Body, trailers: Headers | None = None
+    ) -> None:
         """The body, uploaded while the caller reads the response. Never raises into the nursery."""
         with scope:
             try:
                 if isinstance(body, _BYTES_LIKE):
-                    await self._upload(s, body, True)
-                    return
-                async for chunk in body:
-                    if chunk:
-                        await self._upload(s, chunk, False)
+                    await self._upload(s, body, trailers is None)
+                else:
+                    async for chunk in body:
+                        if chunk:
+                            await self._upload(s, chunk, False)
                 if not (s.local_done or s.ended or s.reset or self.closed):
-                    self._h2.end_stream(s.id)
+                    if trailers:
+                        self._h2.send_headers(s.id, trailers, end_stream=True)
+                    else:
+                        self._h2.end_stream(s.id)
                     s.local_done = True
                     self._flush()
             except Exception as exc:
@@ -522,6 +534,13 @@ class H2Connection:
         s.chunks.append((event.data, event.flow_controlled_length))
         s.wake()
 
+    def _on_trailers(self, event: h2.events.TrailersReceived) -> None:
+        # h2 reports StreamEnded right after; the reader sees both in the same wake-up.
+        s = self._streams.get(event.stream_id)
+        if s is not None:
+            s.trailers = [(k, v) for k, v in event.headers if k[:1] != b":"]
+            s.wake()
+
     def _on_end(self, event: h2.events.StreamEnded) -> None:
         s = self._streams.get(event.stream_id)
         if s is not None:
@@ -587,6 +606,7 @@ class H2Connection:
     _DISPATCH: ClassVar[dict[type, Callable[[H2Connection, Any], None]]] = {
         h2.events.ResponseReceived: _on_response,
         h2.events.DataReceived: _on_data,
+        h2.events.TrailersReceived: _on_trailers,
         h2.events.StreamEnded: _on_end,
         h2.events.StreamReset: _on_reset,
         h2.events.WindowUpdated: _on_window,
@@ -645,6 +665,11 @@ class H2Response:
                 self.failed = isinstance(s.error, UpstreamProtocolError)  # else the body source failed
                 raise s.error
             await s.wait()
+
+    @property
+    def trailers(self) -> Headers | None:
+        """The trailer fields (pseudo-headers dropped), known once `receive()` returned b""; None if none came."""
+        return self._s.trailers
 
     async def read(self) -> bytes:
         """The whole remaining body (for small responses and tests)."""

@@ -51,6 +51,12 @@ class Probe(Section):
     content_type: Annotated[str, Meta(max_length=256, description="Content-Type sent with a body.")] = (
         "application/json"
     )
+    grpc: Annotated[
+        bool,
+        Meta(
+            description="A unary gRPC call over h2c instead of an HTTP/1.1 request: path is the method (/inference.GRPCInferenceService/ModelInfer), body_file holds the serialized request message (the sidecar frames it), success is grpc-status 0; method and content_type are not used."
+        ),
+    ] = False
     count: Annotated[
         int,
         Meta(
@@ -64,6 +70,27 @@ class Probe(Section):
 class Warmup(Section):
     """Health checks, restart detection and warm-up probes, per upstream."""
 
+    health_check: Annotated[
+        Literal["http", "grpc"],
+        Meta(
+            description="http: a GET of health_path (or the discovered one) on HTTP/1.1, healthy on a 2xx; grpc: the standard gRPC health protocol (grpc.health.v1.Health/Check over h2c), healthy when it answers SERVING for grpc_health_service (docs/grpc.md)."
+        ),
+    ] = "http"
+    grpc_health_service: Annotated[
+        str,
+        Meta(
+            max_length=256,
+            description="Service name asked by the gRPC health check (health_check = grpc), e.g. inference.GRPCInferenceService; empty: the server as a whole.",
+        ),
+    ] = ""
+    health_port: Annotated[
+        int,
+        Meta(
+            ge=0,
+            le=65_535,
+            description="Port the health check goes to on the upstream's host when it is not the upstream's own (Triton: HTTP /v2/health/ready on 8000 beside gRPC on 8001); 0: the upstream's port.",
+        ),
+    ] = 0
     health_path: Annotated[
         str,
         Meta(
@@ -210,6 +237,8 @@ def check_warmup(policy: Policy) -> list[str]:
     """Rules relating [warmup] keys to each other, one message per violation."""
     w: Warmup = policy.warmup
     problems = []
+    if w.grpc_health_service and w.health_check != "grpc":
+        problems.append('warmup.grpc_health_service is only asked by health_check = "grpc"; set that, or drop it')
     for i, probe in enumerate(w.probes):
         where = f"warmup.probes[{i}]"
         if probe.body and probe.body_file:

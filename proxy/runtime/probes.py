@@ -15,6 +15,9 @@ ever diverts a probe.
   object, the values of the policy's identity keys (instance_id, started_at)
   identify the process, so a restart between two checks is noticed. The whole
   round is bounded by `health_timeout_ms` (each GET gets what is left).
+  With `health_check = "grpc"` the round is one grpc.health.v1 Check instead
+  (`proxy.runtime.grpc_health`); `health_port` sends either to another port of
+  the upstream's host (Triton: HTTP health on 8000 beside gRPC on 8001).
 - `run_probes`: drives a `proxy.core.warmup.ProbePlan` with `concurrency`
   workers until its verdict is in; each probe gets its own deadline
   (`probe_timeout_ms`) inside whatever deadline the caller set for the whole
@@ -33,6 +36,7 @@ import trio
 from proxy.core.health import Answer, HealthDiscovery, Tried, answer_of
 from proxy.core.warmup import FixedCount, ProbePlan, ProbeResult, StableLatency, Verdict
 from proxy.policy.warmup import Probe, Warmup
+from proxy.runtime import grpc_health
 
 # Health answers are tiny; a huge one is not worth decoding for an identity.
 MAX_IDENTITY_BODY = 65_536
@@ -58,6 +62,9 @@ async def check_health(
     client: httpx.AsyncClient, base_url: str, warmup: Warmup, discovery: HealthDiscovery
 ) -> HealthResult:
     """One health round, bounded by `warmup.health_timeout_ms` within the caller's deadline."""
+    base_url = health_base(base_url, warmup.health_port)
+    if warmup.health_check == "grpc":
+        return await _grpc_health(base_url, warmup)
     tried: list[Tried] = []
     identity = None
     paths = discovery.paths()
@@ -71,6 +78,22 @@ async def check_health(
         tried.append(Tried(paths[len(tried)], "timeout", Answer.DOWN))
     ok = discovery.conclude(tried)
     return HealthResult(ok, identity, discovery.describe())
+
+
+def health_base(base_url: str, port: int) -> str:
+    """The upstream's URL with the health check's own port (warmup.health_port; 0 keeps it)."""
+    if not port:
+        return base_url
+    url = httpx.URL(base_url)
+    return str(url.copy_with(port=port)).rstrip("/")
+
+
+async def _grpc_health(base_url: str, warmup: Warmup) -> HealthResult:
+    url = httpx.URL(base_url)
+    with trio.move_on_after(warmup.health_timeout_ms / 1000):
+        ok, detail = await grpc_health.check(url.host, url.port or 80, warmup.grpc_health_service)
+        return HealthResult(ok, None, detail)
+    return HealthResult(False, None, f"grpc health: no answer within {warmup.health_timeout_ms} ms")
 
 
 async def _health_get(client: httpx.AsyncClient, url: str, warmup: Warmup):
@@ -141,6 +164,8 @@ async def send_probe(client: httpx.AsyncClient, base_url: str, warmup: Warmup, s
     probe = warmup.probes[shape]
     headers = {"content-type": probe.content_type} if body else {}
     started = trio.current_time()
+    if probe.grpc:
+        return await _grpc_probe(base_url, warmup, shape, body, started)
     with trio.move_on_after(warmup.probe_timeout_ms / 1000):
         try:
             response = await client.request(probe.method, base_url + probe.path, content=body, headers=headers)
@@ -148,6 +173,15 @@ async def send_probe(client: httpx.AsyncClient, base_url: str, warmup: Warmup, s
             return ProbeResult(shape, False, trio.current_time() - started, _error(exc))
         ok = 200 <= response.status_code < 300
         return ProbeResult(shape, ok, trio.current_time() - started, str(response.status_code))
+    return ProbeResult(shape, False, trio.current_time() - started, "timeout")
+
+
+async def _grpc_probe(base_url: str, warmup: Warmup, shape: int, body: bytes, started: float) -> ProbeResult:
+    url = httpx.URL(base_url)
+    path = warmup.probes[shape].path.encode()
+    with trio.move_on_after(warmup.probe_timeout_ms / 1000):
+        ok, detail, _ = await grpc_health.unary(url.host, url.port or 80, path, body)
+        return ProbeResult(shape, ok, trio.current_time() - started, detail)
     return ProbeResult(shape, False, trio.current_time() - started, "timeout")
 
 

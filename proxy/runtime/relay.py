@@ -34,6 +34,11 @@ upstream re-stamped with what is left of the request's deadline when it is
 forwarded (time spent queueing here is gone), as gRPC and Envoy propagate
 deadlines; a deadline-aware model server then knows when nobody waits any more.
 
+Trailers: the client's request trailers (HTTP/2) follow the body to an h2c upstream; an
+HTTP/2 upstream's trailer fields (gRPC's grpc-status, grpc-message,
+trailing metadata) end the client's response through `sink.trailers()`, unchanged;
+a trailers-only answer (one HEADERS with END_STREAM) is relayed as that one HEADERS.
+
 Usage: a whole JSON body's `usage` is parsed (msgspec, only that field); a
 stream's tokens are counted as its SSE `data:` events.
 """
@@ -175,8 +180,10 @@ async def _bounded(pool, upstream, bound, *args) -> Forwarded:
 
 
 async def _exchange(pool, upstream, request, headers, body, sink, extra_headers, finished, deadline=None) -> Forwarded:
-    bound = () if deadline is None else (deadline,)
-    async with pool.request(upstream, request.method, request.target, headers, body, *bound) as resp:
+    args: tuple = () if deadline is None else (deadline,)
+    if request.trailers:  # the client's request trailers go up after the body (rare: gRPC sends none)
+        args = (math.inf if deadline is None else deadline, fwd.request_trailers(request.trailers))
+    async with pool.request(upstream, request.method, request.target, headers, body, *args) as resp:
         out_headers = fwd.response_headers(resp.headers, resp.http_version)
         out_headers += extra_headers
         return await _relay(resp, sink, out_headers, finished)
@@ -231,8 +238,14 @@ async def _relay(resp, sink: ResponseSink, headers: Headers, finished) -> Forwar
     if not first or (length is not None and len(first) == int(length)):
         while await resp.receive():  # lets the pool see the end and reuse the connection
             pass
+        trailers = getattr(resp, "trailers", None)  # h2 only; a trailers-only gRPC answer has none
         result = finished(resp.status, _json_usage(first))
-        await sink.respond(resp.status, headers, first)
+        if trailers is None:
+            await sink.respond(resp.status, headers, first)
+        else:  # a whole body and then trailers: they can only follow a streamed head
+            await sink.start(resp.status, headers)
+            await sink.send(first)
+            await sink.trailers(trailers)
         return result
     await sink.start(resp.status, headers)
     events = 0
@@ -242,7 +255,11 @@ async def _relay(resp, sink: ResponseSink, headers: Headers, finished) -> Forwar
         events += chunk.count(_SSE_EVENT) - chunk.count(_SSE_DONE)
         chunk = await resp.receive()
     result = finished(resp.status, Observed(output_tokens=events) if events > 0 else None)
-    await sink.end()
+    trailers = getattr(resp, "trailers", None)
+    if trailers is None:
+        await sink.end()
+    else:
+        await sink.trailers(trailers)  # gRPC's grpc-status / grpc-message, as the upstream sent them
     return result
 
 

@@ -57,6 +57,7 @@ from proxy.core.served_paths import ServedPaths
 from proxy.errors import ResponseCut, UpstreamTimeout
 from proxy.http.messages import Request, ResponseSink
 from proxy.http.ratelog import RateLimitedLog
+from proxy.runtime import grpc_answers
 from proxy.runtime.classify import classify
 from proxy.runtime.dedup import Follower, Leader, Replay
 from proxy.runtime.relay import Forwarded
@@ -96,6 +97,7 @@ class RequestPath:
 
     async def __call__(self, request: Request, sink: ResponseSink) -> None:
         app = self.app
+        sink = grpc_answers.for_request(request, sink)  # a gRPC client gets rejections gRPC-shaped
         if app.policy.listen is not self._listen:
             self._listen = app.policy.listen
             self._served = ServedPaths(self._listen.served_paths)

@@ -3,7 +3,7 @@
 Theory of operation: the request path writes every response, the upstream's or
 the sidecar's own rejection, to a `ResponseSink`. For a dedup leader that sink is
 a `RecordingSink`, which turns the calls into the dedup recording's events (head,
-chunks, end), so coalesced followers, the leader's own client and later replays
+chunks, trailers, end), so coalesced followers, the leader's own client and later replays
 all read the same event stream through `play()`. `TeeSink` writes to the client
 and the recording at once, for the mode where the leader's work stops with its
 client (dedup.continue_on_disconnect = false).
@@ -46,6 +46,9 @@ class RecordingSink:
     async def end(self) -> None:
         pass  # the handle's finish() ends the recording
 
+    async def trailers(self, headers: Headers) -> None:
+        self._handle.record_trailers(headers)
+
 
 class TeeSink:
     """Writes to the client and records; the client's pace drives both."""
@@ -74,6 +77,10 @@ class TeeSink:
     async def end(self) -> None:
         await self._client.end()
 
+    async def trailers(self, headers: Headers) -> None:
+        await self._recording.trailers(headers)
+        await self._client.trailers(headers)
+
 
 class StreamAborted(ResponseCut):
     """The recorded response failed after its head went out: the client's stream is cut (no traceback:
@@ -84,6 +91,7 @@ async def play(source, sink: ResponseSink) -> None:
     """Send a dedup event stream (follower, replay or the leader's own) to the client."""
     head: events.Head | None = None
     body: list[bytes] = []
+    trailers: events.Trailers | None = None
     with source:
         async for event in source:
             if isinstance(event, events.Head):
@@ -95,6 +103,8 @@ async def play(source, sink: ResponseSink) -> None:
                     await sink.send(event.data)
                 else:
                     body.append(event.data)
+            elif isinstance(event, events.Trailers):
+                trailers = event
             elif isinstance(event, events.End):
                 break
             else:  # Failed
@@ -105,7 +115,12 @@ async def play(source, sink: ResponseSink) -> None:
                 return
     if head is None:
         raise StreamAborted("the recording ended without a response")
-    if head.streamed:
+    if trailers is not None:
+        if not head.streamed:  # trailers follow a streamed head only
+            await sink.start(head.status, head.headers)
+            await sink.send(b"".join(body))
+        await sink.trailers(trailers.headers)
+    elif head.streamed:
         await sink.end()
     else:
         await sink.respond(head.status, head.headers, b"".join(body))

@@ -284,8 +284,12 @@ class UpstreamWarmer:
 
 
 def _discovery_settings(policy: Policy) -> tuple:
-    return policy.warmup.health_path, tuple(policy.warmup.health_candidates)
+    w = policy.warmup
+    return w.health_path, tuple(w.health_candidates), w.health_check, w.grpc_health_service
 
 
 def _discovery(policy: Policy) -> HealthDiscovery:
-    return HealthDiscovery(policy.warmup.health_path, policy.warmup.health_candidates)
+    w = policy.warmup
+    if w.health_check == "grpc":  # nothing to discover: the check is named, /readyz says which
+        return HealthDiscovery(f"grpc.health.v1 {w.grpc_health_service or '(server)'}", w.health_candidates)
+    return HealthDiscovery(w.health_path, w.health_candidates)

@@ -57,9 +57,17 @@ body_file = "/etc/rampmeter/embed.json"
         ('[[warmup.probes]]\npath = "v1/completions"\n', "warmup.probes[0].path"),
         ('[gpu]\nupstream_metrics_path = "metrics"\n', "gpu.upstream_metrics_path"),
         ("[warmup]\nhealth_interval_s = 0\n", "warmup.health_interval_s"),
+        ('[warmup]\nhealth_check = "tcp"\n', "warmup.health_check"),
+        ("[warmup]\nhealth_port = 70000\n", "warmup.health_port"),
+        ('[warmup]\ngrpc_health_service = "a.B"\n', "warmup.grpc_health_service is only asked by health_check"),
     ],
 )
 def test_invalid_values_name_the_key(text, message):
     with pytest.raises(PolicyError) as info:
         parse_policy(text)
     assert message in str(info.value)
+
+
+def test_grpc_health_parses():
+    w = parse_policy('[warmup]\nhealth_check = "grpc"\ngrpc_health_service = "inference.GRPCInferenceService"\n').warmup
+    assert (w.health_check, w.grpc_health_service, w.health_port) == ("grpc", "inference.GRPCInferenceService", 0)

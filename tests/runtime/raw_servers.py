@@ -136,6 +136,7 @@ class H2Exchange:
         self.complete = trio.Event()  # request END_STREAM seen
         self.reset_code: int | None = None
         self.reset_seen = trio.Event()
+        self.trailers: list | None = None  # the request's trailer fields, if it sent any
 
     async def read_body(self) -> bytes:
         await self.complete.wait()
@@ -225,6 +226,8 @@ class _H2ServerConn:
         elif isinstance(event, h2.events.DataReceived):
             self.exchanges[event.stream_id].body += event.data
             self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        elif isinstance(event, h2.events.TrailersReceived):
+            self.exchanges[event.stream_id].trailers = list(event.headers)
         elif isinstance(event, h2.events.StreamEnded):
             self.exchanges[event.stream_id].complete.set()
         elif isinstance(event, h2.events.StreamReset):

@@ -53,8 +53,14 @@ def test_hop_by_hop_and_connection_listed_fields_are_dropped():
         ),
         b"127.0.0.1:8000",
     )
-    assert not set(names(out)) & (HOP_BY_HOP | {b"x-secret"})
+    assert not set(names(out)) & (HOP_BY_HOP - {b"te"} | {b"x-secret"})
     assert (b"accept", b"*/*") in out
+    assert (b"te", b"trailers") in out  # the client reads trailers (gRPC needs it); any other te is dropped
+
+
+def test_te_goes_on_only_as_trailers():
+    assert (b"te", b"trailers") in request_headers(req([(b"te", b"gzip, Trailers;q=1")]), b"up:1")
+    assert b"te" not in names(request_headers(req([(b"te", b"gzip")]), b"up:1"))
 
 
 def test_client_host_is_kept_as_is_and_first():
@@ -181,7 +187,9 @@ _values = st.sampled_from([b"1", b"x-a", b"close, x-b", b"trailers", b"keep-aliv
 def test_forwarded_request_never_carries_a_hop_by_hop_field(headers):
     out = request_headers(req(headers), b"up:1")
     listed = {t.strip().lower() for k, v in headers if k == b"connection" for t in v.split(b",")}
-    assert not set(names(out)) & (HOP_BY_HOP | listed)
+    assert not set(names(out)) & (HOP_BY_HOP - {b"te"} | listed - {b"te"})
+    # te only as `trailers`, once, and only when the client said it
+    assert [v for k, v in out if k == b"te"] == ([b"trailers"] if (b"te", b"trailers") in headers else [])
     assert names(out).count(b"host") == 1 and out[0][0] == b"host"
     assert names(out).count(b"via") == 1
     # the forwarded h2 block is legal whatever the client sent

@@ -26,7 +26,7 @@ from typing import Self
 
 import trio
 
-from proxy.core.dedup import END, Chunk, DedupStateError, End, Event, Failed, Head, Stored, replayed
+from proxy.core.dedup import END, Chunk, DedupStateError, End, Event, Failed, Head, Stored, Trailers, replayed
 from proxy.core.wire import IDEMPOTENT_REPLAYED, QUEUE_MS, TIMEOUT_HINT_MS, Reason
 from proxy.http.messages import HOP_BY_HOP
 
@@ -74,6 +74,12 @@ class Recording:
         if data:
             self._append(Chunk(bytes(data)), len(data))
 
+    def record_trailers(self, headers: list[tuple[bytes, bytes]]) -> None:
+        if self.head is None or self.terminal is not None:
+            raise DedupStateError("record_trailers: only after record_head, before the end")
+        kept = [(k, v) for k, v in headers if k not in _NOT_RECORDED]
+        self._append(Trailers(kept), sum(len(k) + len(v) for k, v in kept))
+
     def end(self) -> None:
         if self.head is None:
             raise DedupStateError("end: nothing was recorded")
@@ -94,8 +100,9 @@ class Recording:
     def stored(self) -> Stored:
         assert self.head is not None and self._log is not None and self.terminal is END
         chunks = [e.data for e in self._log if isinstance(e, Chunk)]
+        trailers = [f for e in self._log if isinstance(e, Trailers) for f in e.headers]
         headers = [(k, v) for k, v in self.head.headers if k not in _PER_EXECUTION]
-        return Stored(self.fingerprint, self.head.status, headers, chunks, self.head.streamed)
+        return Stored(self.fingerprint, self.head.status, headers, chunks, self.head.streamed, trailers)
 
     def _append(self, event: Event, size: int) -> None:
         self.size += size

@@ -103,6 +103,9 @@ class LeaderHandle:
     def record_chunk(self, data: bytes) -> None:
         self.recording.record_chunk(data)
 
+    def record_trailers(self, headers: Headers) -> None:
+        self.recording.record_trailers(headers)
+
     def subscribe(self) -> Subscription:
         """The leader's own client reads here too, so the work can outlive it. Call before recording."""
         sub = self.recording.subscribe(mark_replayed=False)

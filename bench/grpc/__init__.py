@@ -1,0 +1,35 @@
+"""`python -m bench.grpc [--quick]`: unary gRPC direct vs through rampmeter, and gRPC under overload.
+
+Question: what does the sidecar cost a gRPC client, and does it keep goodput and tell gRPC
+clients when to come back once the servicer is overloaded? (issue 17)
+
+Setup: a grpcio servicer (proxy/testing/grpc_servicer.py) in its own process on CPU 1, the
+sidecar (`rampmeter serve --upstream-protocol h2c`, gRPC health) on CPU 0, and the load
+generator, an asynchronous grpcio client (grpc.aio), in this process on CPU 1, apart from the
+proxy. Configurations are interleaved (direct, sidecar, direct, sidecar, ...).
+
+- identical: unary, server streaming, an error status with details and trailing metadata,
+  compared direct and through the sidecar (status, message, trailers, payload).
+- fixed rate: unary calls at each of `RATES` calls/s, open loop: p50/p99 of each, the added
+  p50/p99, and the sidecar's CPU microseconds per call (utime + stime of its process). The
+  target is at 500 calls/s; the lower rate shows what is added where the sidecar's core is not
+  saturated (on the shared 2-core machine it is, at 500).
+- max calls/s: closed loop, `CONCURRENCY` calls in flight, calls/s direct and via.
+- overload: the servicer's Sleep method serves `SLOTS` calls at once, `SLEEP_MS` each
+  (capacity SLOTS / SLEEP_MS); the sidecar's limit is SLOTS and its queue is short
+  (OVERLOAD_POLICY: a queue wait beyond a few service times is refused with UNAVAILABLE and a
+  pushback rather than served late). Peak goodput is measured closed
+  loop at SLOTS in flight through the sidecar; then 2x capacity is offered open loop by
+  clients whose gRPC retry policy retries UNAVAILABLE (a 10 ms backoff of its own, so the wait
+  it keeps is the sidecar's grpc-retry-pushback-ms). Reported: goodput / peak, and the share of
+  rejected attempts the client retried (the sidecar's rejections minus the calls that ended
+  rejected, over the sidecar's rejections). The same offered load direct, beside it, and
+  through the sidecar by clients without a retry policy (what the retries themselves cost).
+"""
+
+NAME = "grpc"
+RATE = 500
+RATES = (100, 500)
+CONCURRENCY = 32
+SLOTS = 4
+SLEEP_MS = 50

@@ -1,0 +1,263 @@
+"""`python -m bench.grpc [--quick] [--out DIR]`: run the cases of bench.grpc (module doc), write the report.
+
+Exit 0 when it measured, whatever the targets say; non-zero if a process could not start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+
+from bench.common import cpu_seconds, parse_args, pin, target, write_result
+from bench.grpc import CONCURRENCY, NAME, RATE, RATES, SLEEP_MS, SLOTS
+from bench.grpc import __doc__ as DOC
+from bench.grpc.load import closed_loop, open_loop, outcome, retrying_options
+from proxy.testing.procs import READY_PREFIX, Proc, wait_for
+
+POLICY = """
+[warmup]
+health_check = "grpc"
+health_interval_s = 0.5
+
+[slow_start]
+window_s = 0
+
+[limits]
+kind = "fixed"
+initial_limit = {slots}
+min_limit = 1
+max_limit = {slots}
+
+[tenants]
+enabled = false
+{extra}"""
+
+# The overload case's sidecar: a queue of a few service times, so work that would wait longer is
+# refused at once (UNAVAILABLE + grpc-retry-pushback-ms) instead of expiring in the queue.
+OVERLOAD_POLICY = """
+[classes.interactive]
+max_queue_length = 16
+max_queue_wait_ms = 250
+"""
+
+
+class Servicer:
+    """bench.grpc.server in its own process (CPU 1 when there is one)."""
+
+    def __init__(self, slots: int) -> None:
+        cmd = [sys.executable, "-m", "bench.grpc.server", str(slots)]
+        if (os.cpu_count() or 1) > 1:
+            cmd = ["taskset", "-c", "1", *cmd]
+        self.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        assert self.popen.stdout is not None
+        line = self.popen.stdout.readline()
+        if not line.startswith(READY_PREFIX):
+            self.popen.kill()
+            raise SystemExit(f"bench.grpc: the servicer did not start ({line!r})")
+        self.target = line.split('"data": "')[1].split('"')[0]
+
+    def close(self) -> None:
+        self.popen.terminate()
+        try:
+            self.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+
+
+def sidecar(upstream: str, slots: int, tmp: Path, extra: str = "") -> Proc:
+    policy = tmp / f"policy-{slots}.toml"
+    policy.write_text(POLICY.format(slots=slots, extra=extra))
+    argv = ["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--upstream-protocol", "h2c"]
+    proc = Proc(
+        [*argv, "--upstream", f"http://{upstream}", "--policy", str(policy)], cpu=0, name="sidecar", ready_timeout_s=60
+    )
+    wait_for(lambda: _ok(proc.url("admin") + "/readyz"), timeout_s=60)
+    return proc
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def rejections(proc: Proc) -> float:
+    text = httpx.get(proc.url("admin") + "/metrics", timeout=5).text
+    return sum(float(v) for v in re.findall(r"^rampmeter_rejections_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def fixed_rate(direct: str, via: str, car: Proc, rounds: int, seconds: float, rate: int) -> dict:
+    runs: dict[str, list] = {"direct": [], "sidecar": []}
+    for _ in range(rounds):
+        for name, address in (("direct", direct), ("sidecar", via)):
+            before = cpu_seconds(car.popen.pid)
+            run = asyncio.run(open_loop(address, "Unary", b"x" * 100, rate, seconds))
+            cpu = cpu_seconds(car.popen.pid) - before
+            runs[name].append(
+                {
+                    "calls": run.calls,
+                    "ok": run.ok,
+                    "p50_ms": quantile(run.latencies_ms, 0.5),
+                    "p99_ms": quantile(run.latencies_ms, 0.99),
+                    "sidecar_cpu_us_per_call": cpu * 1e6 / max(1, run.calls) if name == "sidecar" else None,
+                }
+            )
+    return runs
+
+
+def max_rate(direct: str, via: str, car: Proc, rounds: int, seconds: float) -> dict:
+    runs: dict[str, list] = {"direct": [], "sidecar": []}
+    for _ in range(rounds):
+        for name, address in (("direct", direct), ("sidecar", via)):
+            before = cpu_seconds(car.popen.pid)
+            run = asyncio.run(closed_loop(address, "Unary", b"x" * 100, CONCURRENCY, seconds))
+            cpu = cpu_seconds(car.popen.pid) - before
+            runs[name].append(
+                {
+                    "calls_per_s": run.ok / run.seconds,
+                    "sidecar_cpu_us_per_call": cpu * 1e6 / max(1, run.calls) if name == "sidecar" else None,
+                }
+            )
+    return runs
+
+
+def overload(direct: str, via: str, car: Proc, seconds: float) -> dict:
+    payload = b"%d" % SLEEP_MS
+    peak_run = asyncio.run(closed_loop(via, "Sleep", payload, SLOTS, seconds))
+    peak = peak_run.ok / peak_run.seconds
+    capacity = SLOTS * 1000.0 / SLEEP_MS
+    out = {"capacity_calls_per_s": capacity, "peak_goodput_calls_per_s": peak, "offered_calls_per_s": 2 * capacity}
+    cases = (
+        ("direct", direct, retrying_options()),
+        ("sidecar", via, retrying_options()),
+        ("sidecar, no retry policy", via, None),
+    )
+    for name, address, options in cases:
+        before, cpu_before = rejections(car), cpu_seconds(car.popen.pid)
+        run = asyncio.run(open_loop(address, "Sleep", payload, 2 * capacity, seconds, timeout=5.0, options=options))
+        through = name != "direct"
+        rejected_attempts = rejections(car) - before if through else 0.0
+        busy = (cpu_seconds(car.popen.pid) - cpu_before) / run.seconds if through else None
+        ended_rejected = sum(run.reasons.values())
+        out[name] = {
+            "calls": run.calls,
+            "ok": run.ok,
+            "goodput_calls_per_s": run.goodput(),
+            "goodput_over_peak": run.goodput() / peak if peak else None,
+            "codes": dict(run.codes),
+            "ended_rejected_by_reason": dict(run.reasons),
+            "sidecar_rejected_attempts": rejected_attempts,
+            "retried_share": (rejected_attempts - ended_rejected) / rejected_attempts if rejected_attempts else None,
+            "p50_ms": quantile(run.latencies_ms, 0.5),
+            "p99_ms": quantile(run.latencies_ms, 0.99),
+            "sidecar_cpu_share": busy,  # of one core, while the calls ran
+        }
+    return out
+
+
+def med(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def fmt(v: float | None, unit: str = "", digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}{unit}"
+
+
+def main() -> None:
+    args = parse_args(NAME, DOC)
+    pinned = pin(1)
+    rounds, seconds = (2, 4.0) if args.quick else (5, 15.0)
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rampmeter-bench-grpc-")))
+        servicer = Servicer(SLOTS)
+        stack.callback(servicer.close)
+        car = stack.enter_context(sidecar(servicer.target, 256, tmp))
+        via = car.url("data").removeprefix("http://")
+        identical = outcome(servicer.target) == outcome(via)
+        fixed = {rate: fixed_rate(servicer.target, via, car, rounds, seconds, rate) for rate in RATES}
+        maxed = max_rate(servicer.target, via, car, rounds, seconds / 2)
+        car.stop()
+        tight = stack.enter_context(sidecar(servicer.target, SLOTS, tmp, OVERLOAD_POLICY))
+        over = overload(servicer.target, tight.url("data").removeprefix("http://"), tight, 2 * seconds)
+
+    rows, added = [], {}
+    for rate, runs_at in fixed.items():
+        p50 = {k: med(v, "p50_ms") for k, v in runs_at.items()}
+        p99 = {k: med(v, "p99_ms") for k, v in runs_at.items()}
+        a50 = None if None in p50.values() else p50["sidecar"] - p50["direct"]
+        a99 = None if None in p99.values() else p99["sidecar"] - p99["direct"]
+        added[rate] = a99
+        cpu = med(runs_at["sidecar"], "sidecar_cpu_us_per_call")
+        rows.append(
+            f"| unary at {rate} calls/s: p50 / p99 | {fmt(p50['direct'])} / {fmt(p99['direct'])} ms "
+            f"| {fmt(p50['sidecar'])} / {fmt(p99['sidecar'])} ms | {fmt(a50)} / {fmt(a99)} ms | {fmt(cpu, ' us', 0)} |"
+        )
+    rate = {k: med(v, "calls_per_s") for k, v in maxed.items()}
+    cpu_max = med(maxed["sidecar"], "sidecar_cpu_us_per_call")
+    rows.append(
+        f"| max calls/s, {CONCURRENCY} in flight | {fmt(rate['direct'], '', 0)} | {fmt(rate['sidecar'], '', 0)} "
+        f"| | {fmt(cpu_max, ' us', 0)} |"
+    )
+    runs = {"identical": identical, "fixed_rate": fixed, "max_rate": maxed, "overload": over, "pinning": pinned}
+    sc = over["sidecar"]
+    targets = [
+        target("identical_direct_and_sidecar", 1.0 if identical else 0.0, "==", 1.0),
+        target(f"added_p99_ms_at_{RATE}_calls_per_s", added.get(RATE), "<=", 2.0),
+        target("goodput_at_2x_over_peak", sc["goodput_over_peak"], ">=", 0.9),
+    ]
+    md = [
+        f"# bench.grpc{' (quick)' if args.quick else ''}",
+        "",
+        f"Load generator {pinned} (grpc.aio), sidecar on CPU 0, grpcio servicer on CPU 1; "
+        f"{rounds} interleaved rounds of {seconds:g} s; load average at the end {os.getloadavg()[0]:.1f} "
+        "(a shared, busy machine: CPU us per call is the figure that survives it).",
+        "",
+        "| case | direct | sidecar | added | sidecar CPU per call |",
+        "|---|---:|---:|---:|---:|",
+        *rows,
+        "",
+        f"Identical results direct and through the sidecar (unary, server stream, error + trailers): {identical}.",
+        "",
+        f"Overload: Sleep {SLEEP_MS} ms, {SLOTS} at once (capacity {over['capacity_calls_per_s']:.0f} calls/s), "
+        f"sidecar limit {SLOTS}; peak goodput through the sidecar {over['peak_goodput_calls_per_s']:.1f} calls/s; "
+        f"offered {over['offered_calls_per_s']:.0f} calls/s open loop, clients with a gRPC retry policy "
+        "(UNAVAILABLE, 5 attempts, 10 ms backoff) except where it says none, 5 s deadline; goodput is OK calls "
+        "ended per second within the offered window (its first second left out). The load generator shares CPU 1 with the servicer: every retried attempt "
+        "takes CPU from the servicer too.",
+        "",
+        "| | goodput calls/s | of peak | codes | sidecar-rejected attempts | retried after pushback | OK p50 / p99 "
+        "| sidecar CPU (of a core) |",
+        "|---|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for name in ("direct", "sidecar", "sidecar, no retry policy"):
+        o = over[name]
+        share = o["retried_share"]
+        md.append(
+            f"| {name} | {o['goodput_calls_per_s']:.1f} | {fmt(o['goodput_over_peak'])} | {o['codes']} "
+            f"| {o['sidecar_rejected_attempts']:.0f} | {'-' if share is None else f'{share * 100:.0f}%'} "
+            f"| {fmt(o['p50_ms'], '', 0)} / {fmt(o['p99_ms'], '', 0)} ms | {fmt(o['sidecar_cpu_share'])} |"
+        )
+    out = write_result(args, runs, targets, "\n".join(md))
+    print((out / "result.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

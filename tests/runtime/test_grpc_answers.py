@@ -1,0 +1,72 @@
+"""The gRPC shape of the sidecar's own answers (proxy/runtime/grpc_answers.py), reason by reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.core import grpc_wire, wire
+from proxy.core.decisions import Reject
+from proxy.http.messages import Request
+from proxy.runtime.grpc_answers import GrpcAnswers, for_request, reshape
+
+CODES = {
+    wire.Reason.QUEUE_FULL: 14,
+    wire.Reason.OVERLOADED: 14,
+    wire.Reason.NOT_READY: 14,
+    wire.Reason.DRAINING: 14,
+    wire.Reason.TENANT_QUOTA: 8,
+    wire.Reason.DEADLINE_UNMEETABLE: 4,
+    wire.Reason.DEADLINE_EXPIRED: 4,
+    wire.Reason.UPSTREAM_UNAVAILABLE: 14,
+    wire.Reason.UPSTREAM_TIMEOUT: 4,
+}
+
+
+@pytest.mark.parametrize(("reason", "code"), CODES.items(), ids=[r.value for r in CODES])
+def test_each_reason_is_its_grpc_status_trailers_only(reason, code):
+    retry_ms = 1234 if reason in wire.RETRYABLE_REASONS else None
+    status, headers, body = reshape(*Reject(reason, retry_ms, "why it was refused").response(), b"application/grpc")
+    fields = dict(headers)
+    assert (status, body) == (200, b"")
+    assert fields[b"grpc-status"] == b"%d" % code
+    assert fields[b"grpc-message"] == f"rampmeter {reason.value}: why it was refused".encode()
+    assert fields[b"x-rampmeter-reason"] == reason.value.encode()
+    if retry_ms is not None:
+        assert fields[b"grpc-retry-pushback-ms"] == b"1234"  # the same jittered wait as the HTTP answer
+    elif reason in (wire.Reason.UPSTREAM_UNAVAILABLE, wire.Reason.UPSTREAM_TIMEOUT):
+        assert b"grpc-retry-pushback-ms" not in fields  # the client's own retry policy decides
+    else:
+        assert fields[b"grpc-retry-pushback-ms"] == b"-1"  # a retry as it stands cannot help
+
+
+def test_the_upstreams_own_answers_pass_untouched():
+    assert reshape(200, [(b"grpc-status", b"0")], b"", b"application/grpc") is None
+    assert reshape(503, [(b"content-type", b"text/plain")], b"busy", b"application/grpc") is None
+    assert reshape(503, [(b"x-rampmeter-reason", b"made-up")], b"", b"application/grpc") is None
+
+
+class Sink:
+    headers_sent = False
+
+    def __init__(self) -> None:
+        self.answers: list = []
+
+    async def respond(self, status, headers, body=b""):
+        self.answers.append((status, headers, body))
+
+
+def request(content_type: bytes | None) -> Request:
+    headers = [] if content_type is None else [(b"content-type", content_type)]
+    return Request(b"POST", b"/m", headers, None, http_version="2")  # type: ignore[arg-type]
+
+
+async def test_only_grpc_requests_are_wrapped_and_the_content_type_is_kept():
+    sink = Sink()
+    assert for_request(request(b"application/json"), sink) is sink
+    assert for_request(request(None), sink) is sink
+    wrapped = for_request(request(b"application/grpc+proto"), sink)
+    assert isinstance(wrapped, GrpcAnswers)
+    await wrapped.respond(*Reject(wire.Reason.TENANT_QUOTA, 500, "slow down").response())
+    status, headers, _ = sink.answers[0]
+    assert status == 200 and (b"content-type", b"application/grpc+proto") in headers
+    assert grpc_wire.status_of(headers) == grpc_wire.Code.RESOURCE_EXHAUSTED
