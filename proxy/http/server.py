@@ -292,7 +292,7 @@ class Server:
         try:
             while True:
                 try:
-                    stream = await listener.accept()
+                    stream, peer = await _accept(listener)
                 except OSError as exc:
                     if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
                         raise
@@ -302,12 +302,12 @@ class Server:
                     await trio.sleep(_ACCEPT_RETRY_S)
                     continue
                 if self._open - self._evicting >= self.max_connections and not self._make_room():
-                    self._ctx.connection_rejected(_peer(stream))
+                    self._ctx.connection_rejected(peer)
                     stream.socket.close()
                     continue
                 self._open += 1
                 self._accepted += 1
-                nursery.start_soon(self._connection, stream)
+                nursery.start_soon(self._connection, stream, peer)
         finally:
             listener.socket.close()  # from here on, connects are refused
 
@@ -322,9 +322,8 @@ class Server:
         victim.expire("evicted")
         return True
 
-    async def _connection(self, stream: trio.SocketStream) -> None:
+    async def _connection(self, stream: trio.SocketStream, peer: str) -> None:
         accepted_at = trio.current_time()
-        peer = _peer(stream)  # now: once the socket is gone the address cannot be asked for
         CLIENT.set(peer)  # this task's context: the connection's tasks inherit it (log lines name the peer)
         conn: H1Connection | H2Connection = H1Connection(self._ctx, stream, peer, accepted_at)
         try:
@@ -374,8 +373,46 @@ async def _reuse_port_listener(host: str | None, port: int) -> list[trio.SocketL
     return [trio.SocketListener(sock)]
 
 
-def _peer(stream: trio.SocketStream) -> str:
-    try:
-        return stream.socket.getpeername()[0]
-    except OSError:
-        return ""
+async def _accept(listener: trio.SocketListener) -> tuple[trio.SocketStream, str]:
+    """trio's SocketListener.accept, keeping the peer address accept() returned.
+
+    Written here because trio drops that address, and asking the socket later
+    (getpeername) fails once a client has reset it: its failures were logged as
+    "connection from ? failed". Same errno handling as trio's (routine ones retried).
+    """
+    while True:
+        try:
+            sock, address = await listener.socket.accept()
+        except OSError as exc:
+            if exc.errno in _CLOSED_ERRNOS:
+                raise trio.ClosedResourceError from None
+            if exc.errno not in _IGNORABLE_ACCEPT_ERRNOS:
+                raise
+        else:
+            peer = address[0] if isinstance(address, tuple) and address else ""
+            return trio.SocketStream(sock), peer
+
+
+# As trio._highlevel_socket's: a closed listener, and a connection that died in the backlog.
+_CLOSED_ERRNOS = {errno.EBADF, errno.ENOTSOCK}
+_IGNORABLE_ACCEPT_ERRNOS = {
+    getattr(errno, name)
+    for name in (
+        "ECONNABORTED",
+        "EPERM",
+        "EPROTO",
+        "ENETDOWN",
+        "ENOPROTOOPT",
+        "EHOSTDOWN",
+        "ENONET",
+        "EHOSTUNREACH",
+        "EOPNOTSUPP",
+        "ENETUNREACH",
+        "ENOSR",
+        "ESOCKTNOSUPPORT",
+        "EPROTONOSUPPORT",
+        "ETIMEDOUT",
+        "ECONNRESET",
+    )
+    if hasattr(errno, name)
+}

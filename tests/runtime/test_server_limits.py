@@ -58,16 +58,19 @@ async def test_the_server_refuses_to_start_with_no_room_for_clients(monkeypatch)
 
 
 class FailingListener:
-    """accept() fails with EMFILE, as at the open-file limit."""
+    """Its socket's accept() fails with EMFILE, as at the open-file limit."""
 
     def __init__(self) -> None:
         self.calls = 0
-        self.socket = trio.socket.socket()
+        self.socket = self
 
     async def accept(self):
         self.calls += 1
         await trio.lowlevel.checkpoint()
         raise OSError(errno.EMFILE, "Too many open files")
+
+    def close(self) -> None:
+        pass
 
 
 async def test_accept_errors_are_logged_rate_limited(autojump_clock, caplog):
