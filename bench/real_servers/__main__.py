@@ -86,7 +86,9 @@ def bench_server(name: str, quick: bool, duration: float, repeats: int, out: Pat
             },
             "probe_alone_ms": probe_alone,
         }
-        with sidecar(spec.url, "--log-level", "warning", policy=str(policy_path)) as proc:
+        # No --upstream: it replaces [[upstreams]] whole, and the calibrated upstream table (its URL is
+        # spec.url) carries what is measured here: stops_on_cancel and timeout_s.
+        with sidecar([], "--log-level", "warning", policy=str(policy_path)) as proc:
             result["sidecar_warm_after_s"] = wait_warm(proc.url("admin"), policy.slow_start.window_s + 30)
             targets = {"direct": (spec.url, None), "rampmeter": (proc.url("data"), proc.popen.pid)}
             cases: dict = {}
