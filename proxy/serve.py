@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--upstream",
         metavar="URL",
         action="append",
-        help="model server base URL, repeatable; replaces [[upstreams]] (default http://127.0.0.1:8000)",
+        help="model server base URL, repeatable; replaces [[upstreams]], but one the policy also lists keeps "
+        "its settings (default http://127.0.0.1:8000)",
     )
     parser.add_argument(
         "--upstream-protocol",
@@ -76,13 +77,31 @@ def resolve_policy(args: argparse.Namespace) -> tuple[Policy, PolicyVersion, Pol
     if args.admin:
         data["admin"]["address"] = args.admin
     if args.upstream:
-        protocol = args.upstream_protocol or "http1"
-        data["upstreams"] = [{"url": url, "protocol": protocol} for url in args.upstream]
+        data["upstreams"] = _upstreams_from_flags(args, data["upstreams"] if args.policy else [])
     # Overrides get exactly the checks a file gets, with errors naming the flag.
     try:
         return policy_from_builtins(data, "command line"), version, policy
     except PolicyError as exc:
         raise PolicyError("command line", [_as_flag(line) for line in exc.errors]) from None
+
+
+def _upstreams_from_flags(args: argparse.Namespace, in_file: list[dict]) -> list[dict]:
+    """`--upstream` names the servers; an upstream the policy file also names keeps the file's
+    settings (stops_on_cancel, timeout_s, ...: what calibrate learnt), with --upstream-protocol
+    applied when given. Upstreams of the file that no flag names are dropped, with a warning."""
+    by_url = {u["url"].rstrip("/"): u for u in in_file}
+    chosen = []
+    for url in args.upstream:
+        known = by_url.get(url.rstrip("/"))
+        upstream = {"url": url, "protocol": "http1"} if known is None else {**known, "url": url}
+        if args.upstream_protocol:
+            upstream["protocol"] = args.upstream_protocol
+        chosen.append(upstream)
+    named = {url.rstrip("/") for url in args.upstream}
+    dropped = [u["url"] for u in in_file if u["url"].rstrip("/") not in named]
+    if dropped:
+        log.warning("--upstream replaces the policy's [[upstreams]]: %s and its settings not used", ", ".join(dropped))
+    return chosen
 
 
 def _as_flag(line: str) -> str:
