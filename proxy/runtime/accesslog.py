@@ -1,0 +1,128 @@
+"""The access log: one structured line per request on the `rampmeter.access` logger.
+
+Theory of operation: `Edge` (proxy/runtime/edge.py) asks `wants(status)` when a
+request ends and calls `write()` only if so, so a request that gets no line costs
+one comparison and, for sampled successes, one random draw: nothing is formatted,
+hashed or allocated for it. What gets a line (`[access_log]`): nothing when off;
+every answer with status 400 and up (rejections, upstream errors, cut responses,
+499 for a client gone) while on; answers below 400 at `sample_rate`.
+
+Fields, in this order (docs/operations.md "Finding one request"):
+
+    request_id peer method path protocol class tenant cost queue_ms service_ms
+    total_ms status reason upstream bytes_in bytes_out idempotency trace_id
+
+`tenant` is a 12-hex-digit hash of the tenant key (x-tenant where the policy trusts
+it, else Authorization: proxy/core/token_bucket.tenant_key), never the key itself;
+`cost` the estimated cost units admission charged; `total_ms` from the parsed head
+to the end of the answer; `-` for what does not apply (a rejection's service_ms).
+
+`--log-format text` (the default) writes the fields as logfmt in the message
+(`request_id=... status=200 ...`), values quoted only when they need it;
+`json` writes them as fields of the JSON object (proxy/logs.py) with the message
+`METHOD PATH STATUS`, so log shippers index them without parsing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+
+from proxy.core import wire
+from proxy.core.token_bucket import ANONYMOUS, tenant_key
+
+log = logging.getLogger("rampmeter.access")
+
+MAX_PATH_CHARS = 256  # the target is the client's: bounded in the line
+_TENANT = wire.TENANT.encode()
+_AUTHORIZATION = b"authorization"
+_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:/+@%,;~!*()[]&?#$'")
+
+
+class AccessLog:
+    """Decides which requests get a line and writes it (module doc)."""
+
+    def __init__(
+        self, policy, *, json_format: bool = False, rng: random.Random | None = None, upstream_name=str, tenants=None
+    ) -> None:
+        self.policy = policy  # [access_log]; swapped on reload
+        self.json_format = json_format
+        self._random = (rng or random.Random()).random
+        self._upstream_name = upstream_name  # upstream index -> its metrics label (the address)
+        self._trust_x_tenant = tenants.trust_x_tenant if tenants is not None else False
+        self.written = 0
+
+    def configure(self, policy, tenants=None) -> None:
+        self.policy = policy
+        if tenants is not None:
+            self._trust_x_tenant = tenants.trust_x_tenant
+
+    def wants(self, status: int) -> bool:
+        policy = self.policy
+        if not policy.enabled or not log.isEnabledFor(logging.INFO):
+            return False
+        if status >= 400:
+            return True
+        rate = policy.sample_rate
+        return rate >= 1.0 or (rate > 0.0 and self._random() < rate)
+
+    def write(self, ex, now: float, error: BaseException | None = None) -> None:
+        fields = self.fields(ex, now)
+        self.written += 1
+        if self.json_format:
+            log.info("%s %s %d", fields["method"], fields["path"], ex.status, extra=fields)
+        else:
+            log.info("%s", logfmt(fields))
+
+    def fields(self, ex, now: float) -> dict:
+        """The line's fields (module doc); None where a field does not apply."""
+        request = ex.request
+        ticket = ex.ticket
+        body = request.body
+        bytes_in = getattr(body, "received", None)
+        if bytes_in is None:
+            bytes_in = body.content_length
+        return {
+            "request_id": ex.request_id.decode("ascii"),
+            "peer": request.client or None,
+            "method": request.method.decode("latin-1"),
+            "path": request.path[:MAX_PATH_CHARS].decode("latin-1"),
+            "protocol": f"HTTP/{request.http_version}",
+            "class": request.klass or None,
+            "tenant": self._tenant(request),
+            "cost": ticket.cost.units if ticket is not None else None,
+            "queue_ms": _ms(ex.queue_ms),
+            "service_ms": _ms(ex.service_ms),
+            "total_ms": _ms((now - (request.received_at or ex.started)) * 1000.0),
+            "status": ex.status,
+            "reason": ex.reason or None,
+            "upstream": self._upstream_name(ex.upstream) if ex.upstream is not None else None,
+            "bytes_in": bytes_in,
+            "bytes_out": ex.bytes_out,
+            "idempotency": ex.idempotency or None,
+            "trace_id": ex.span.trace_id if ex.span is not None else None,
+        }
+
+    def _tenant(self, request) -> str | None:
+        key = tenant_key(request.header(_TENANT), request.header(_AUTHORIZATION), trust_x_tenant=self._trust_x_tenant)
+        return None if key == ANONYMOUS else hashlib.blake2b(key, digest_size=6).hexdigest()
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def logfmt(fields: dict) -> str:
+    """`key=value ...`; `-` for None; a value quoted (JSON string rules) only when it must be."""
+    parts = []
+    for key, value in fields.items():
+        if value is None:
+            text = "-"
+        elif isinstance(value, str):
+            text = value if value and _SAFE.issuperset(value) else json.dumps(value)
+        else:
+            text = str(value)
+        parts.append(f"{key}={text}")
+    return " ".join(parts)

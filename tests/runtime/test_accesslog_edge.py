@@ -1,0 +1,193 @@
+"""The edge of the data path, in virtual time: request ids, x-rampmeter-class, the access line.
+
+The real App (its `edge` in front of its request path) and the simulated pod in this
+trio run, as in test_request_path_deadlines; requests enter through `app.edge`, the
+data listener's handler.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import pytest
+import trio
+import trio.testing
+
+from proxy.http.messages import header_value
+from proxy.runtime.accesslog import logfmt
+from tests.runtime.test_request_path_deadlines import CHAT, chat, policy, stack, start
+
+HEX32 = re.compile(r"^[0-9a-f]{32}$")
+
+
+def call(s, body: bytes, *headers: tuple[str, str], path: str = CHAT):
+    hdrs = [(b"content-type", b"application/json"), *((k.encode(), v.encode()) for k, v in headers)]
+    return start(s.nursery, s.app.edge, path, body, hdrs)
+
+
+def upstream_ids(s) -> list[list[bytes]]:
+    """The x-request-id values of each request the pod received."""
+    return [[v for k, v in headers if k == b"x-request-id"] for headers in s.pool.forwarded]
+
+
+@pytest.fixture
+def access(caplog):
+    caplog.set_level(logging.INFO, logger="rampmeter.access")
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "rampmeter.access"]
+
+    return lines
+
+
+def fields_of(line: str) -> dict[str, str]:
+    """A text access line back into its fields (values without spaces, or JSON-quoted)."""
+    assert line.startswith("request_id=")
+    out = {}
+    for match in re.finditer(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)', line):
+        key, value = match.groups()
+        out[key] = json.loads(value) if value.startswith('"') else value
+    return out
+
+
+async def test_a_request_without_an_id_gets_one_made_sent_upstream_and_returned(autojump_clock, access):
+    async with stack(policy()) as s:
+        pipe = call(s, chat(4))
+        status, _ = await pipe.answer()
+        rid = pipe.header("x-request-id")
+        assert status == 200 and HEX32.match(rid)
+        assert upstream_ids(s) == [[rid.encode()]]  # exactly one, the same
+        assert pipe.header("x-rampmeter-class") == "interactive"
+        (line,) = access()
+        assert fields_of(line)["request_id"] == rid
+
+
+async def test_the_callers_id_is_kept_and_a_malformed_one_replaced_not_refused(autojump_clock):
+    async with stack(policy()) as s:
+        kept = call(s, chat(2), ("x-request-id", "req-7f3a:b/9+c=@x"))
+        assert (await kept.answer())[0] == 200
+        assert kept.header("x-request-id") == "req-7f3a:b/9+c=@x"
+        for bad in ('a"b', "has space", "x" * 129, "ünï"):
+            pipe = call(s, chat(2), ("x-request-id", bad))
+            assert (await pipe.answer())[0] == 200
+            assert HEX32.match(pipe.header("x-request-id"))
+        sent = upstream_ids(s)
+        assert sent[0] == [b"req-7f3a:b/9+c=@x"]
+        assert all(len(ids) == 1 and HEX32.match(ids[0].decode()) for ids in sent[1:])  # replaced, not added
+
+
+async def test_every_rejection_body_names_the_request_and_the_class_that_refused_it(autojump_clock, access):
+    async with stack(policy()) as s:
+        pipe = call(s, chat(100), ("x-request-timeout-ms", "5"), ("x-request-id", "client-1"))
+        status, body = await pipe.answer()
+        assert (status, pipe.header("x-rampmeter-reason")) == (503, "deadline_unmeetable")
+        err = json.loads(body)["error"]
+        assert (err["code"], err["request_id"]) == ("deadline_unmeetable", "client-1")
+        assert pipe.header("x-request-id") == "client-1" and pipe.header("x-rampmeter-class") == "interactive"
+        assert int(pipe.header("content-length") or len(body)) == len(body)
+        # A malformed header is refused before classification: the id, no class.
+        bad = call(s, chat(2), ("x-request-timeout-ms", "soon"))
+        status, body = await bad.answer()
+        assert status == 400 and json.loads(body)["error"]["request_id"] == bad.header("x-request-id")
+        assert bad.header("x-rampmeter-class") is None
+        lines = [fields_of(line) for line in access()]
+        assert [(f["status"], f["reason"], f["class"]) for f in lines] == [
+            ("503", "deadline_unmeetable", "interactive"),
+            ("400", "bad_request", "-"),
+        ]
+
+
+async def test_an_unknown_priority_learns_which_class_served_it(autojump_clock):
+    async with stack(policy()) as s:
+        pipe = call(s, chat(2), ("x-priority", "urgent!!"))
+        assert (await pipe.answer())[0] == 200
+        assert pipe.header("x-rampmeter-class") == "interactive"  # scheduling.default_class
+        batch = call(s, chat(2), ("x-priority", "batch"))
+        assert (await batch.answer())[0] == 200 and batch.header("x-rampmeter-class") == "batch"
+
+
+async def test_the_access_line_has_every_field_of_a_served_request(autojump_clock, access):
+    async with stack(policy(limit=1)) as s:
+        first = call(s, chat(40))
+        await trio.testing.wait_all_tasks_blocked()
+        second = call(s, chat(4), ("x-priority", "batch"), ("authorization", "Bearer k1"))
+        await first.answer()
+        status, body = await second.answer()
+        assert status == 200
+        got = fields_of(access()[1])
+        assert list(got) == [
+            "request_id",
+            "peer",
+            "method",
+            "path",
+            "protocol",
+            "class",
+            "tenant",
+            "cost",
+            "queue_ms",
+            "service_ms",
+            "total_ms",
+            "status",
+            "reason",
+            "upstream",
+            "bytes_in",
+            "bytes_out",
+            "idempotency",
+            "trace_id",
+        ]
+        assert (got["method"], got["path"], got["protocol"], got["class"]) == ("POST", CHAT, "HTTP/1.1", "batch")
+        assert (got["status"], got["reason"], got["upstream"]) == ("200", "-", "pod.inproc:80")
+        assert got["bytes_in"] == str(len(chat(4))) and got["bytes_out"] == str(len(body))
+        assert int(got["cost"]) == s.app.scheduler.estimate(CHAT, chat(4)).units
+        queue_ms, service_ms, total_ms = (float(got[k]) for k in ("queue_ms", "service_ms", "total_ms"))
+        assert queue_ms > 100  # it waited for the long one, the only slot
+        assert queue_ms + service_ms == pytest.approx(total_ms, abs=0.2)
+        assert re.fullmatch(r"[0-9a-f]{12}", got["tenant"]) and "k1" not in access()[1]  # hashed
+
+
+async def test_sampling_never_drops_a_failure_and_off_writes_nothing(autojump_clock, access):
+    async with stack(policy(access_log={"sample_rate": 0.0})) as s:
+        for _ in range(5):
+            assert (await call(s, chat(2)).answer())[0] == 200
+        await call(s, chat(100), ("x-request-timeout-ms", "5")).answer()
+        assert [fields_of(line)["status"] for line in access()] == ["503"]
+        assert s.app.edge.access_log.written == 1
+    async with stack(policy(access_log={"enabled": False})) as s:
+        await call(s, chat(100), ("x-request-timeout-ms", "5")).answer()
+        assert s.app.edge.access_log.written == 0
+
+
+async def test_a_sample_rate_between_writes_about_that_share(autojump_clock, access):
+    async with stack(policy(access_log={"sample_rate": 0.25})) as s:
+        for _ in range(200):
+            assert (await call(s, chat(1)).answer())[0] == 200
+        assert 25 <= s.app.edge.access_log.written <= 75  # binomial(200, 0.25): mean 50, sd 6
+
+
+async def test_idempotency_outcomes_are_in_the_line(autojump_clock, access):
+    async with stack(policy()) as s:
+        key = ("idempotency-key", "order-9")
+        assert (await call(s, chat(4), key).answer())[0] == 200
+        replay = call(s, chat(4), key)
+        assert (await replay.answer())[0] == 200 and replay.header("idempotent-replayed") == "true"
+        assert replay.header("x-request-id") != header_value(s.pool.forwarded[0], b"x-request-id").decode()
+        assert [fields_of(line)["idempotency"] for line in access()] == ["lead", "replay"]
+        assert len(s.pool.forwarded) == 1
+
+
+async def test_json_format_puts_the_fields_in_the_record(autojump_clock, caplog):
+    caplog.set_level(logging.INFO, logger="rampmeter.access")
+    async with stack(policy()) as s:
+        s.app.edge.access_log.json_format = True
+        pipe = call(s, chat(2), ("x-request-id", "j-1"))
+        await pipe.answer()
+        (record,) = [r for r in caplog.records if r.name == "rampmeter.access"]
+        assert record.getMessage() == f"POST {CHAT} 200"
+        assert (record.request_id, record.status, record.path) == ("j-1", 200, CHAT)
+
+
+def test_logfmt_quotes_only_what_needs_it():
+    line = logfmt({"a": "plain/path", "b": 'with "quote"', "c": None, "d": 1.5, "e": ""})
+    assert line == 'a=plain/path b="with \\"quote\\"" c=- d=1.5 e=""'
