@@ -20,7 +20,8 @@ Per request (`Edge` calls `start` and `RequestSpan.end`; the request path tells
     attributes: rampmeter.request_id, rampmeter.class, rampmeter.cost,
             rampmeter.queue_ms, rampmeter.reason, rampmeter.upstream, http.request.method,
             url.path, network.protocol.version, http.response.status_code
-    status ERROR for 5xx answers (rejections 4xx/503 keep UNSET: the sidecar did its job)
+    status ERROR for 5xx answers, the sidecar's own 503s included (OTel's HTTP server rule: the
+            caller got no answer), else UNSET
 
 The request goes upstream with a traceparent naming this span as the parent, so the
 model server's own spans (vLLM and Triton trace with OTel) hang under it.
