@@ -39,6 +39,7 @@ from proxy.http.messages import Headers, Request, ResponseSink
 _RID = wire.REQUEST_ID.encode()
 _CLASS = wire.SERVED_CLASS.encode()
 _REASON = wire.REASON.encode()
+_CLOSE = (b"connection", b"close")
 _CLIENT_CLOSED = 499  # nginx's "client closed request", as the server's metrics record it
 
 _CURRENT: contextvars.ContextVar[Exchange | None] = contextvars.ContextVar("rampmeter_exchange", default=None)
@@ -245,7 +246,12 @@ class Edge:
         if self._on_draining is not None:
             self._on_draining()
         message = "this replica is draining (shutting down); retry, another one will serve it"
-        await out.respond(*wire.rejection(wire.Reason.DRAINING, message, self.draining_retry_after_ms))
+        status, headers, body = wire.rejection(wire.Reason.DRAINING, message, self.draining_retry_after_ms)
+        # Close the connection (HTTP/1.1; h2 drops the field): the body may not be read to its end, and
+        # a client kept on an idle keep-alive connection would race its closing; a new connection finds
+        # another replica once the endpoint is gone.
+        headers.append(_CLOSE)
+        await out.respond(status, headers, body)
 
     def _finish(self, ex: Exchange, error: BaseException | None) -> None:
         if not ex.status or error is not None:
