@@ -153,6 +153,8 @@ class App:
         self.request_path = RequestPath(self)
         # Request ids, x-rampmeter-class, the access line, the span, the drain gate (proxy/runtime/edge.py).
         self.tracing = otel.from_environment(version=build.version()) if tracing is ... else tracing
+        if self.tracing is not None:
+            self.tracing.upstream_name = metrics.upstream
         access_log = AccessLog(
             policy.access_log,
             json_format=logs.current_format() == "json",

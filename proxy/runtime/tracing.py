@@ -97,8 +97,10 @@ class Tracing:
         from opentelemetry.trace import SpanKind, StatusCode, set_span_in_context
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        # Resource.create reads OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES; these are defaults under them.
-        resource = Resource.create({"service.name": "rampmeter", "service.version": version})
+        # Resource.create reads OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES; "rampmeter" only where they name none.
+        resource = Resource.create({"service.version": version})
+        if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+            resource = resource.merge(Resource({"service.name": "rampmeter"}))
         self.provider = TracerProvider(resource=resource)
         for processor in processors:
             self.provider.add_span_processor(processor)
@@ -107,6 +109,7 @@ class Tracing:
         self._server = SpanKind.SERVER
         self._error = StatusCode.ERROR
         self._in_context = set_span_in_context
+        self.upstream_name = str  # upstream index -> its name (the app sets the metrics label: the address)
 
     def start(self, request, ex) -> RequestSpan:
         """The request's span, child of the caller's trace context; its own context replaces that upstream."""
@@ -128,7 +131,7 @@ class Tracing:
         headers = [h for h in request.headers if h[0] not in _CONTEXT_HEADERS]
         headers += [(k.encode(), v.encode("latin-1")) for k, v in out.items()]
         request.headers[:] = headers  # what goes upstream names this span as the parent
-        return RequestSpan(span, self._error)
+        return RequestSpan(span, self._error, self.upstream_name)
 
     def shutdown(self) -> None:
         """Export what is batched (at exit)."""
@@ -138,12 +141,12 @@ class Tracing:
 class RequestSpan:
     """One request's span; `trace_id` for the access line."""
 
-    __slots__ = ("_error", "_first_byte", "span", "trace_id")
+    __slots__ = ("_error", "_upstream_name", "span", "trace_id")
 
-    def __init__(self, span, error_status) -> None:
+    def __init__(self, span, error_status, upstream_name=str) -> None:
         self.span = span
         self._error = error_status
-        self._first_byte = False
+        self._upstream_name = upstream_name
         self.trace_id = f"{span.get_span_context().trace_id:032x}"
 
     def admitted(self, queue_ms: float) -> None:
@@ -168,7 +171,7 @@ class RequestSpan:
         if ex.reason:
             attributes["rampmeter.reason"] = ex.reason
         if ex.upstream is not None:
-            attributes["rampmeter.upstream"] = ex.upstream
+            attributes["rampmeter.upstream"] = self._upstream_name(ex.upstream)
         span.set_attributes(attributes)
         if ex.status >= 500:
             span.set_status(self._error, ex.reason or f"status {ex.status}")

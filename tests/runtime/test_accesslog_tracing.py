@@ -58,6 +58,8 @@ async def test_a_span_continues_the_callers_trace_and_is_the_parent_upstream(aut
     )
     assert attrs["rampmeter.cost"] == s.app.scheduler.estimate("/v1/chat/completions", chat(4)).units
     assert attrs["rampmeter.queue_ms"] == 0.0 and "rampmeter.reason" not in attrs
+    assert attrs["rampmeter.upstream"] == "0"  # the app names it by its address (metrics' upstream label)
+    assert span.resource.attributes["service.name"] == "rampmeter"
     (record,) = [r for r in caplog.records if r.name == "rampmeter.access"]
     assert fields_of(record.getMessage())["trace_id"] == TRACE_ID  # the line leads to the trace
 
@@ -108,6 +110,13 @@ def test_the_standard_variables_turn_it_on(env, wanted):
     assert (made is not None) is wanted
     if made is not None:
         made.shutdown()  # its batch thread; nothing to export
+
+
+def test_the_service_name_is_the_operators_where_given(monkeypatch):
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "llm-sidecar")
+    made = tracing.Tracing([], version="1.2")
+    assert made.provider.resource.attributes["service.name"] == "llm-sidecar"
+    assert made.provider.resource.attributes["service.version"] == "1.2"
 
 
 def test_the_exporter_follows_the_protocol_variable():
