@@ -69,21 +69,37 @@ class AccessLog:
         return rate >= 1.0 or (rate > 0.0 and self._random() < rate)
 
     def write(self, ex, now: float, error: BaseException | None = None) -> None:
-        fields = self.fields(ex, now)
         self.written += 1
+        # The record is made here, not by log.info: no caller lookup (the line's origin is always this).
         if self.json_format:
-            log.info("%s %s %d", fields["method"], fields["path"], ex.status, extra=fields)
+            fields = self.fields(ex, now)
+            args = (fields["method"], fields["path"], ex.status)
+            record = log.makeRecord(log.name, logging.INFO, __file__, 0, "%s %s %d", args, None, extra=fields)
         else:
-            log.info("%s", logfmt(fields))
+            record = log.makeRecord(log.name, logging.INFO, __file__, 0, self.text(ex, now), (), None)
+        log.handle(record)
+
+    def text(self, ex, now: float) -> str:
+        """The fields as logfmt, in order (module doc); what a client or upstream controls is quoted if need be."""
+        request = ex.request
+        ticket = ex.ticket
+        upstream = ex.upstream
+        return (
+            f"request_id={ex.request_id.decode('ascii')} peer={_q(request.client)}"
+            f" method={_q(request.method.decode('latin-1'))} path={_q(request.path[:MAX_PATH_CHARS].decode('latin-1'))}"
+            f" protocol=HTTP/{request.http_version} class={request.klass or '-'} tenant={self._tenant(request) or '-'}"
+            f" cost={'-' if ticket is None else ticket.cost.units} queue_ms={_n(ex.queue_ms)}"
+            f" service_ms={_n(ex.service_ms)} total_ms={_n((now - (request.received_at or ex.started)) * 1000.0)}"
+            f" status={ex.status} reason={_q(ex.reason)}"
+            f" upstream={'-' if upstream is None else _q(self._upstream_name(upstream))}"
+            f" bytes_in={_bytes_in(request.body)} bytes_out={ex.bytes_out} idempotency={ex.idempotency or '-'}"
+            f" trace_id={'-' if ex.span is None else ex.span.trace_id}"
+        )
 
     def fields(self, ex, now: float) -> dict:
         """The line's fields (module doc); None where a field does not apply."""
         request = ex.request
         ticket = ex.ticket
-        body = request.body
-        bytes_in = getattr(body, "received", None)
-        if bytes_in is None:
-            bytes_in = body.content_length
         return {
             "request_id": ex.request_id.decode("ascii"),
             "peer": request.client or None,
@@ -99,7 +115,7 @@ class AccessLog:
             "status": ex.status,
             "reason": ex.reason or None,
             "upstream": self._upstream_name(ex.upstream) if ex.upstream is not None else None,
-            "bytes_in": bytes_in,
+            "bytes_in": _bytes_in(request.body),
             "bytes_out": ex.bytes_out,
             "idempotency": ex.idempotency or None,
             "trace_id": ex.span.trace_id if ex.span is not None else None,
@@ -114,15 +130,16 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
-def logfmt(fields: dict) -> str:
-    """`key=value ...`; `-` for None; a value quoted (JSON string rules) only when it must be."""
-    parts = []
-    for key, value in fields.items():
-        if value is None:
-            text = "-"
-        elif isinstance(value, str):
-            text = value if value and _SAFE.issuperset(value) else json.dumps(value)
-        else:
-            text = str(value)
-        parts.append(f"{key}={text}")
-    return " ".join(parts)
+def _n(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _q(text: str) -> str:
+    if not text:
+        return "-"
+    return text if _SAFE.issuperset(text) else json.dumps(text)
+
+
+def _bytes_in(body) -> int | None:
+    received = getattr(body, "received", None)  # what the server read (proxy/http/exchange.BufferedBody)
+    return body.content_length if received is None else received

@@ -157,7 +157,7 @@ class RequestSpan:
 
     def end(self, ex, error: BaseException | None) -> None:
         span = self.span
-        if ex.first_byte_at is not None and ex.upstream is not None:
+        if ex.first_byte_at is not None and ex.service_ms is not None:  # the upstream answered (not our 502/504)
             # first_byte_at is trio time; the event's wall time is placed back from now by the difference.
             ago_s = trio.current_time() - ex.first_byte_at
             span.add_event("upstream first byte", timestamp=time.time_ns() - int(ago_s * 1e9))
