@@ -137,6 +137,10 @@ def test_the_termination_sequence_with_the_drain_loses_nothing(tmp_path):
         assert load.outcomes["served"] >= result["in_flight_at_start"] and load.outcomes["draining"] > 0
         assert result["refused_while_draining"] > 0
         assert "Traceback" not in proc.log()
+        # One access line per answer: every 200 and every draining refusal the clients counted.
+        lines = [line for line in proc.log_path.read_text().splitlines() if "rampmeter.access:" in line]
+        assert sum(" status=200 " in line for line in lines) == load.outcomes["served"]
+        assert sum(" reason=draining " in line for line in lines) == load.outcomes["draining"]
 
 
 def test_without_the_drain_the_queued_requests_are_lost(tmp_path):

@@ -206,3 +206,14 @@ async def test_text_and_json_lines_say_the_same_and_what_a_client_sends_is_quote
         assert len(seen) == 3 and {f["idempotency"] for f in map(fields_of, access())} == {"-", "lead"}
     bad = log.text(seen[0][0], seen[0][1]).replace("path=/v1/chat/completions", 'path="a b"')
     assert fields_of(bad)["path"] == "a b"  # quoted values read back whole
+
+
+async def test_a_reload_turns_the_access_log_off_from_the_next_request(autojump_clock, access):
+    from proxy.runtime.reload import PolicyVersion
+
+    async with stack(policy()) as s:
+        await call(s, chat(2)).answer()
+        s.app.lifecycles.update_policy = lambda policy: None  # the stand-in lifecycles (always ready)
+        s.app.apply_policy(policy(access_log={"enabled": False}), PolicyVersion("test", 2, "", 0.0))
+        await call(s, chat(100), ("x-request-timeout-ms", "5")).answer()  # a rejection: logged only when on
+        assert len(access()) == 1
