@@ -89,7 +89,7 @@ class AccessLog:
             f" method={_q(request.method.decode('latin-1'))} path={_q(request.path[:MAX_PATH_CHARS].decode('latin-1'))}"
             f" protocol=HTTP/{request.http_version} class={request.klass or '-'} tenant={self._tenant(request) or '-'}"
             f" cost={'-' if ticket is None else ticket.cost.units} queue_ms={_n(ex.queue_ms)}"
-            f" service_ms={_n(ex.service_ms)} total_ms={_n((now - (request.received_at or ex.started)) * 1000.0)}"
+            f" service_ms={_n(ex.service_ms)} total_ms={_n((now - ex.started) * 1000.0)}"
             f" status={ex.status} reason={_q(ex.reason)}"
             f" upstream={'-' if upstream is None else _q(self._upstream_name(upstream))}"
             f" bytes_in={_bytes_in(request.body)} bytes_out={ex.bytes_out} idempotency={ex.idempotency or '-'}"
@@ -111,7 +111,7 @@ class AccessLog:
             "cost": ticket.cost.units if ticket is not None else None,
             "queue_ms": _ms(ex.queue_ms),
             "service_ms": _ms(ex.service_ms),
-            "total_ms": _ms((now - (request.received_at or ex.started)) * 1000.0),
+            "total_ms": _ms((now - ex.started) * 1000.0),
             "status": ex.status,
             "reason": ex.reason or None,
             "upstream": self._upstream_name(ex.upstream) if ex.upstream is not None else None,

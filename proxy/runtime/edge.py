@@ -67,7 +67,7 @@ class Exchange:
     def __init__(self, request: Request, request_id: bytes, started: float) -> None:
         self.request = request
         self.request_id = request_id
-        self.started = started  # trio time at the edge (the head was parsed at request.received_at)
+        self.started = started  # trio time the head was parsed (request.received_at): no clock read per request
         self.ticket = None  # proxy.core.decisions.Ticket, once classified
         self.queue_ms: float | None = None
         self.service_ms: float | None = None
@@ -76,7 +76,7 @@ class Exchange:
         self.status = 0
         self.reason = ""
         self.bytes_out = 0
-        self.first_byte_at: float | None = None
+        self.first_byte_at: float | None = None  # trio time of the first answer bytes (kept for the span only)
         self.span = None  # the tracing span, when tracing is on
 
 
@@ -144,7 +144,8 @@ class EdgeSink:
             self._rejected(headers)
             body = wire.with_request_id(body, ex.request_id)
         ex.status, ex.bytes_out = status, len(body)
-        ex.first_byte_at = trio.current_time()
+        if ex.span is not None:
+            ex.first_byte_at = trio.current_time()
         await self._sink.respond(status, self._head(headers), body)
 
     async def start(self, status: int, headers: Headers) -> None:
@@ -152,7 +153,8 @@ class EdgeSink:
         if status >= 400:
             self._rejected(headers)
         ex.status = status
-        ex.first_byte_at = trio.current_time()
+        if ex.span is not None:
+            ex.first_byte_at = trio.current_time()
         await self._sink.start(status, self._head(headers))
 
     async def send(self, data: bytes) -> None:
@@ -204,7 +206,7 @@ class Edge:
         self._idle: trio.Event | None = None
 
     async def __call__(self, request: Request, sink: ResponseSink) -> None:
-        ex = Exchange(request, self._request_id(request), trio.current_time())
+        ex = Exchange(request, self._request_id(request), request.received_at)
         if self.tracing is not None:
             ex.span = self.tracing.start(request, ex)
         out = EdgeSink(sink, ex)
@@ -256,10 +258,9 @@ class Edge:
     def _finish(self, ex: Exchange, error: BaseException | None) -> None:
         if not ex.status or error is not None:
             ex.status = _failed_status(ex, error)
-        now = trio.current_time()
         log = self.access_log
         if log is not None and log.wants(ex.status):
-            log.write(ex, now, error)
+            log.write(ex, trio.current_time(), error)
         if ex.span is not None:
             ex.span.end(ex, error)
 
