@@ -217,3 +217,23 @@ async def test_a_reload_turns_the_access_log_off_from_the_next_request(autojump_
         s.app.apply_policy(policy(access_log={"enabled": False}), PolicyVersion("test", 2, "", 0.0))
         await call(s, chat(100), ("x-request-timeout-ms", "5")).answer()  # a rejection: logged only when on
         assert len(access()) == 1
+
+
+async def test_batched_requests_get_a_line_each_with_their_own_id_and_the_batchs_service_time(autojump_clock, access):
+    """The batcher may release a member's slot from another task: what a line says is noted in the member's own."""
+    from tests.runtime import test_batcher as tb
+
+    async with tb.stack(tb.policy()) as s:
+        pipes = []
+        for i in range(3):
+            hdrs = [(b"content-type", b"application/json"), (b"x-request-id", b"emb-%d" % i)]
+            pipes.append(start(s.nursery, s.app.edge, tb.EMBED, tb.embed(f"text {i}"), hdrs))
+            await trio.sleep(0.0001)
+        for pipe in pipes:
+            assert (await pipe.answer())[0] == 200
+        assert len(s.pool.bodies) == 1  # one upstream call for the three
+        lines = sorted((fields_of(line) for line in access()), key=lambda f: f["request_id"])
+        assert [f["request_id"] for f in lines] == ["emb-0", "emb-1", "emb-2"]
+        assert {f["upstream"] for f in lines} == {"pod.inproc:80"}
+        assert all(f["service_ms"] != "-" and float(f["service_ms"]) > 0 for f in lines)
+        assert [p.header("x-request-id") for p in pipes] == ["emb-0", "emb-1", "emb-2"]
