@@ -92,7 +92,7 @@ def main() -> None:
 
     def log(rate: float, json_format: bool = False) -> AccessLog:
         handler.setFormatter(JsonFormatter() if json_format else logging.Formatter(TEXT_FORMAT))
-        return AccessLog(AccessLogPolicy(sample_rate=rate), json_format=json_format)
+        return AccessLog(AccessLogPolicy(enabled=True, sample_rate=rate, max_lines_per_s=0), json_format=json_format)
 
     cases = [
         ("bare handler (no edge)", lambda: _inner),

@@ -3,9 +3,13 @@
 Theory of operation: `Edge` (proxy/runtime/edge.py) asks `wants(status)` when a
 request ends and calls `write()` only if so, so a request that gets no line costs
 one comparison and, for sampled successes, one random draw: nothing is formatted,
-hashed or allocated for it. What gets a line (`[access_log]`): nothing when off;
-every answer with status 400 and up (rejections, upstream errors, cut responses,
-499 for a client gone) while on; answers below 400 at `sample_rate`.
+hashed or allocated for it. What gets a line (`[access_log]`): nothing when off
+(the default); every answer with status 400 and up (rejections, upstream errors, cut
+responses, 499 for a client gone) while on; answers below 400 at `sample_rate`. And
+at most `max_lines_per_s` (a token bucket, one second's burst): a client sending bad
+requests as fast as it can must not fill the log nor spend the sidecar's CPU on it
+(the rule of every client-caused line, proxy/http/ratelog.py); what is dropped is
+counted and said in one warning before the next line written.
 
 Fields, in this order (docs/operations.md "Finding one request"):
 
@@ -53,22 +57,28 @@ class AccessLog:
         self._upstream_name = upstream_name  # upstream index -> its metrics label (the address)
         self._trust_x_tenant = tenants.trust_x_tenant if tenants is not None else False
         self.written = 0
+        self.suppressed = 0  # dropped over max_lines_per_s, in all
+        self._unsaid = 0  # dropped since the last warning about it
+        self._tokens = policy.max_lines_per_s
+        self._tokens_at: float | None = None
 
     def configure(self, policy, tenants=None) -> None:
         self.policy = policy
         if tenants is not None:
             self._trust_x_tenant = tenants.trust_x_tenant
 
-    def wants(self, status: int) -> bool:
+    def wants(self, status: int, reason: str = "") -> bool:
         policy = self.policy
         if not policy.enabled or not log.isEnabledFor(logging.INFO):
             return False
-        if status >= 400:
+        if status >= 400 or reason:  # a failure (a response cut after a 200 head has reason "cut")
             return True
         rate = policy.sample_rate
         return rate >= 1.0 or (rate > 0.0 and self._random() < rate)
 
     def write(self, ex, now: float, error: BaseException | None = None) -> None:
+        if not self._budget(now):
+            return
         self.written += 1
         # The record is made here, not by log.info: no caller lookup (the line's origin is always this).
         if self.json_format:
@@ -78,6 +88,24 @@ class AccessLog:
         else:
             record = log.makeRecord(log.name, logging.INFO, __file__, 0, self.text(ex, now), (), None)
         log.handle(record)
+
+    def _budget(self, now: float) -> bool:
+        """A token for one line (max_lines_per_s, one second's burst); a warning first for lines dropped."""
+        rate = self.policy.max_lines_per_s
+        if rate <= 0.0:
+            return True
+        if self._tokens_at is not None:
+            self._tokens = min(rate, self._tokens + (now - self._tokens_at) * rate)
+        self._tokens_at = now
+        if self._tokens < 1.0:
+            self.suppressed += 1
+            self._unsaid += 1
+            return False
+        self._tokens -= 1.0
+        if self._unsaid:
+            log.warning("%d access lines dropped over access_log.max_lines_per_s (%g)", self._unsaid, rate)
+            self._unsaid = 0
+        return True
 
     def text(self, ex, now: float) -> str:
         """The fields as logfmt, in order (module doc); what a client or upstream controls is quoted if need be."""

@@ -259,15 +259,16 @@ class Edge:
         if not ex.status or error is not None:
             ex.status = _failed_status(ex, error)
         log = self.access_log
-        if log is not None and log.wants(ex.status):
+        if log is not None and log.wants(ex.status, ex.reason):
             log.write(ex, trio.current_time(), error)
         if ex.span is not None:
             ex.span.end(ex, error)
 
     async def idle(self) -> None:
-        """Until no request is inside the request path."""
+        """Until no request is inside the request path (several callers share one event)."""
         while self.active:
-            self._idle = trio.Event()
+            if self._idle is None or self._idle.is_set():
+                self._idle = trio.Event()
             await self._idle.wait()
 
 

@@ -20,8 +20,10 @@ def access_lines(proc) -> list[dict]:
     return [json.loads(line) for line in proc.log_path.read_text().splitlines() if '"rampmeter.access"' in line]
 
 
-def test_every_answer_names_its_request_and_class_and_gets_one_line_with_the_same_id():
-    with sim_pod(speed=20.0) as pod, sidecar(pod.url(), "--log-format", "json") as proc:
+def test_every_answer_names_its_request_and_class_and_gets_one_line_with_the_same_id(tmp_path):
+    path = tmp_path / "policy.toml"
+    path.write_text("[access_log]\nenabled = true\n")
+    with sim_pod(speed=20.0) as pod, sidecar(pod.url(), "--log-format", "json", policy=str(path)) as proc:
         url = proc.url() + "/v1/chat/completions"
         h1 = httpx.post(url, json=BODY, headers={"x-request-id": "e2e-h1", "x-priority": "batch"}, timeout=10)
         with httpx.Client(http2=True, http1=False, timeout=10) as client:

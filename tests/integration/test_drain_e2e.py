@@ -41,6 +41,9 @@ window_s = 0.0
 
 [gpu]
 enabled = false
+
+[access_log]
+enabled = true
 """
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 12}
 

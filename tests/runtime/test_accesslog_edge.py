@@ -21,6 +21,11 @@ from tests.runtime.test_request_path_deadlines import CHAT, chat, policy, stack,
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 
 
+def logged(**sections):
+    """The test policy with the access log on (it is off by default), `access_log` keys on top."""
+    return policy(**{**sections, "access_log": {"enabled": True, **sections.get("access_log", {})}})
+
+
 def call(s, body: bytes, *headers: tuple[str, str], path: str = CHAT):
     hdrs = [(b"content-type", b"application/json"), *((k.encode(), v.encode()) for k, v in headers)]
     return start(s.nursery, s.app.edge, path, body, hdrs)
@@ -52,7 +57,7 @@ def fields_of(line: str) -> dict[str, str]:
 
 
 async def test_a_request_without_an_id_gets_one_made_sent_upstream_and_returned(autojump_clock, access):
-    async with stack(policy()) as s:
+    async with stack(logged()) as s:
         pipe = call(s, chat(4))
         status, _ = await pipe.answer()
         rid = pipe.header("x-request-id")
@@ -64,7 +69,7 @@ async def test_a_request_without_an_id_gets_one_made_sent_upstream_and_returned(
 
 
 async def test_the_callers_id_is_kept_and_a_malformed_one_replaced_not_refused(autojump_clock):
-    async with stack(policy()) as s:
+    async with stack(logged()) as s:
         kept = call(s, chat(2), ("x-request-id", "req-7f3a:b/9+c=@x"))
         assert (await kept.answer())[0] == 200
         assert kept.header("x-request-id") == "req-7f3a:b/9+c=@x"
@@ -78,7 +83,7 @@ async def test_the_callers_id_is_kept_and_a_malformed_one_replaced_not_refused(a
 
 
 async def test_every_rejection_body_names_the_request_and_the_class_that_refused_it(autojump_clock, access):
-    async with stack(policy()) as s:
+    async with stack(logged()) as s:
         pipe = call(s, chat(100), ("x-request-timeout-ms", "5"), ("x-request-id", "client-1"))
         status, body = await pipe.answer()
         assert (status, pipe.header("x-rampmeter-reason")) == (503, "deadline_unmeetable")
@@ -99,7 +104,7 @@ async def test_every_rejection_body_names_the_request_and_the_class_that_refused
 
 
 async def test_an_unknown_priority_learns_which_class_served_it(autojump_clock):
-    async with stack(policy()) as s:
+    async with stack(logged()) as s:
         pipe = call(s, chat(2), ("x-priority", "urgent!!"))
         assert (await pipe.answer())[0] == 200
         assert pipe.header("x-rampmeter-class") == "interactive"  # scheduling.default_class
@@ -108,7 +113,7 @@ async def test_an_unknown_priority_learns_which_class_served_it(autojump_clock):
 
 
 async def test_the_access_line_has_every_field_of_a_served_request(autojump_clock, access):
-    async with stack(policy(limit=1)) as s:
+    async with stack(logged(limit=1)) as s:
         first = call(s, chat(40))
         await trio.testing.wait_all_tasks_blocked()
         second = call(s, chat(4), ("x-priority", "batch"), ("authorization", "Bearer k1"))
@@ -147,26 +152,26 @@ async def test_the_access_line_has_every_field_of_a_served_request(autojump_cloc
 
 
 async def test_sampling_never_drops_a_failure_and_off_writes_nothing(autojump_clock, access):
-    async with stack(policy(access_log={"sample_rate": 0.0})) as s:
+    async with stack(logged(access_log={"sample_rate": 0.0})) as s:
         for _ in range(5):
             assert (await call(s, chat(2)).answer())[0] == 200
         await call(s, chat(100), ("x-request-timeout-ms", "5")).answer()
         assert [fields_of(line)["status"] for line in access()] == ["503"]
         assert s.app.edge.access_log.written == 1
-    async with stack(policy(access_log={"enabled": False})) as s:
+    async with stack(logged(access_log={"enabled": False})) as s:
         await call(s, chat(100), ("x-request-timeout-ms", "5")).answer()
         assert s.app.edge.access_log.written == 0
 
 
 async def test_a_sample_rate_between_writes_about_that_share(autojump_clock, access):
-    async with stack(policy(access_log={"sample_rate": 0.25})) as s:
+    async with stack(logged(access_log={"sample_rate": 0.25})) as s:
         for _ in range(200):
             assert (await call(s, chat(1)).answer())[0] == 200
         assert 25 <= s.app.edge.access_log.written <= 75  # binomial(200, 0.25): mean 50, sd 6
 
 
 async def test_idempotency_outcomes_are_in_the_line(autojump_clock, access):
-    async with stack(policy()) as s:
+    async with stack(logged()) as s:
         key = ("idempotency-key", "order-9")
         assert (await call(s, chat(4), key).answer())[0] == 200
         replay = call(s, chat(4), key)
@@ -178,7 +183,7 @@ async def test_idempotency_outcomes_are_in_the_line(autojump_clock, access):
 
 async def test_json_format_puts_the_fields_in_the_record(autojump_clock, caplog):
     caplog.set_level(logging.INFO, logger="rampmeter.access")
-    async with stack(policy()) as s:
+    async with stack(logged()) as s:
         s.app.edge.access_log.json_format = True
         pipe = call(s, chat(2), ("x-request-id", "j-1"))
         await pipe.answer()
@@ -189,7 +194,7 @@ async def test_json_format_puts_the_fields_in_the_record(autojump_clock, caplog)
 
 async def test_text_and_json_lines_say_the_same_and_what_a_client_sends_is_quoted(autojump_clock, access):
     """The text line is written by hand for speed; it must agree with the JSON fields, field for field."""
-    async with stack(policy(limit=1)) as s:
+    async with stack(logged(limit=1)) as s:
         log = s.app.edge.access_log
         seen = []
         write = log.write
@@ -211,19 +216,22 @@ async def test_text_and_json_lines_say_the_same_and_what_a_client_sends_is_quote
 async def test_a_reload_turns_the_access_log_off_from_the_next_request(autojump_clock, access):
     from proxy.runtime.reload import PolicyVersion
 
-    async with stack(policy()) as s:
+    async with stack(logged()) as s:
         await call(s, chat(2)).answer()
         s.app.lifecycles.update_policy = lambda policy: None  # the stand-in lifecycles (always ready)
-        s.app.apply_policy(policy(access_log={"enabled": False}), PolicyVersion("test", 2, "", 0.0))
+        s.app.apply_policy(logged(access_log={"enabled": False}), PolicyVersion("test", 2, "", 0.0))
         await call(s, chat(100), ("x-request-timeout-ms", "5")).answer()  # a rejection: logged only when on
         assert len(access()) == 1
 
 
 async def test_batched_requests_get_a_line_each_with_their_own_id_and_the_batchs_service_time(autojump_clock, access):
     """The batcher may release a member's slot from another task: what a line says is noted in the member's own."""
+    import msgspec
+
     from tests.runtime import test_batcher as tb
 
-    async with tb.stack(tb.policy()) as s:
+    pol = tb.policy()
+    async with tb.stack(msgspec.structs.replace(pol, access_log=logged().access_log)) as s:
         pipes = []
         for i in range(3):
             hdrs = [(b"content-type", b"application/json"), (b"x-request-id", b"emb-%d" % i)]
@@ -237,3 +245,24 @@ async def test_batched_requests_get_a_line_each_with_their_own_id_and_the_batchs
         assert {f["upstream"] for f in lines} == {"pod.inproc:80"}
         assert all(f["service_ms"] != "-" and float(f["service_ms"]) > 0 for f in lines)
         assert [p.header("x-request-id") for p in pipes] == ["emb-0", "emb-1", "emb-2"]
+
+
+async def test_a_flood_of_failures_is_bounded_to_max_lines_per_s_and_what_was_dropped_is_said(autojump_clock, caplog):
+    caplog.set_level(logging.INFO, logger="rampmeter.access")
+    async with stack(logged(access_log={"max_lines_per_s": 10.0})) as s:
+        for _ in range(30):  # at one instant: a burst of 10 lines, then nothing
+            await call(s, chat(2), ("x-request-timeout-ms", "soon")).answer()
+        log = s.app.edge.access_log
+        assert (log.written, log.suppressed) == (10, 20)
+        await trio.sleep(0.5)  # 5 tokens back
+        for _ in range(6):
+            await call(s, chat(2), ("x-request-timeout-ms", "soon")).answer()
+        assert (log.written, log.suppressed) == (15, 21)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert warnings == ["20 access lines dropped over access_log.max_lines_per_s (10)"]
+
+
+async def test_off_by_default(autojump_clock, access):
+    async with stack(policy()) as s:
+        await call(s, chat(100), ("x-request-timeout-ms", "5")).answer()
+        assert access() == [] and s.app.edge.access_log.written == 0

@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from proxy.http.messages import header_value
 from proxy.runtime import tracing
-from tests.runtime.test_accesslog_edge import call, fields_of
+from tests.runtime.test_accesslog_edge import call, fields_of, logged
 from tests.runtime.test_request_path_deadlines import chat, policy, stack
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -36,7 +36,7 @@ def spans():
 async def test_a_span_continues_the_callers_trace_and_is_the_parent_upstream(autojump_clock, spans, caplog):
     caplog.set_level(logging.INFO, logger="rampmeter.access")
     exporter, tracer = spans
-    async with stack(policy()) as s:
+    async with stack(logged()) as s:
         s.app.edge.tracing = tracer
         pipe = call(s, chat(4), ("traceparent", TRACEPARENT), ("tracestate", "vendor=1"), ("x-request-id", "t-1"))
         assert (await pipe.answer())[0] == 200
