@@ -19,6 +19,7 @@ GRPC_TIMEOUT = "grpc-timeout"
 IDEMPOTENCY_KEY = "idempotency-key"
 COST_HINT = "x-cost-hint"
 TENANT = "x-tenant"
+REQUEST_ID = "x-request-id"  # sent by the caller or made by the sidecar; returned on every answer
 
 # Response headers the sidecar adds.
 QUEUE_MS = "x-rampmeter-queue-ms"
@@ -30,8 +31,9 @@ REASON = "x-rampmeter-reason"
 TIMEOUT_HINT_KEY = "x-rampmeter-timeout-hint-key"  # opaque: what kind of request the hint is for
 RETRY_AFTER_MS_PLAIN = "retry-after-ms"  # for plain (OpenAI SDK) clients; same value as RETRY_AFTER_MS
 SHOULD_RETRY = "x-should-retry"  # for plain clients: "true" / "false"
+SERVED_CLASS = "x-rampmeter-class"  # the class that served the request
 
-REQUEST_HEADERS = (PRIORITY, REQUEST_TIMEOUT_MS, GRPC_TIMEOUT, IDEMPOTENCY_KEY, COST_HINT, TENANT)
+REQUEST_HEADERS = (PRIORITY, REQUEST_TIMEOUT_MS, GRPC_TIMEOUT, IDEMPOTENCY_KEY, COST_HINT, TENANT, REQUEST_ID)
 RESPONSE_HEADERS = (
     QUEUE_MS,
     TIMEOUT_HINT_MS,
@@ -42,6 +44,8 @@ RESPONSE_HEADERS = (
     TIMEOUT_HINT_KEY,
     RETRY_AFTER_MS_PLAIN,
     SHOULD_RETRY,
+    REQUEST_ID,
+    SERVED_CLASS,
 )
 
 # `error.type` in the OpenAI-style JSON body of a sidecar-made answer.

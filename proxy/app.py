@@ -37,16 +37,20 @@ from typing import Any
 import msgspec
 import trio
 
-from proxy import build
+from proxy import build, logs
 from proxy.core.arrival import ArrivalGate
 from proxy.errors import StartupError
 from proxy.http.pool import UpstreamPool
 from proxy.http.server import FD_BASE_RESERVE, Server
 from proxy.policy import shedding as shedding_policy
 from proxy.policy.schema import Listen, Policy
+from proxy.runtime import tracing as otel
+from proxy.runtime.accesslog import AccessLog
 from proxy.runtime.admin import AdminHandler
 from proxy.runtime.batcher import Batcher
 from proxy.runtime.dedup import Dedup, build_store
+from proxy.runtime.drain import Drain
+from proxy.runtime.edge import Edge
 from proxy.runtime.gpu import GpuSampler
 from proxy.runtime.metrics import Metrics
 from proxy.runtime.observe import Observatory
@@ -120,7 +124,9 @@ class App:
         registry=None,
         rng: random.Random | None = None,
         nvml: Any = None,
+        tracing: Any = ...,
     ) -> None:
+        """`tracing`: a proxy.runtime.tracing.Tracing, None (off), or ... (as the OTEL_* variables say)."""
         self.policy = policy
         self.version = version
         self.policy_path = policy_path
@@ -145,15 +151,36 @@ class App:
         # The engine's own gauges feed admission: engine_queue limit, gradient ceiling, cancel habit.
         self.upstream_metrics.on_reading = lambda i, s: self.scheduler.note_engine(i, s.running, s.waiting)
         self.request_path = RequestPath(self)
+        # Request ids, x-rampmeter-class, the access line, the span, the drain gate (proxy/runtime/edge.py).
+        self.tracing = otel.from_environment(version=build.version()) if tracing is ... else tracing
+        if self.tracing is not None:
+            self.tracing.upstream_name = metrics.upstream
+        access_log = AccessLog(
+            policy.access_log,
+            json_format=logs.current_format() == "json",
+            upstream_name=metrics.upstream,
+            tenants=policy.tenants,
+        )
+        self.edge = Edge(
+            self.request_path,
+            access_log=access_log,
+            tracing=self.tracing,
+            draining_retry_after_ms=policy.readiness.retry_after_ms,
+            on_draining=lambda: metrics.rejections.labels("", "draining").inc(),  # no 0 series before the first
+        )
+        self.drain = Drain(
+            self.edge, default_timeout_s=lambda: self.policy.listen.drain_timeout_s, on_start=self._start_draining
+        )
         # Descriptors the data port's connections must leave free (proxy/http/server.py fd_cap).
         reserve = sum(u.max_connections for u in policy.upstreams) + ADMIN_LIMITS.max_connections + FD_BASE_RESERVE
-        self.data_server = Server(self.request_path, policy.listen, metrics=metrics, name="data", fd_reserve=reserve)
+        self.data_server = Server(self.edge, policy.listen, metrics=metrics, name="data", fd_reserve=reserve)
         self.admin_server = Server(
             AdminHandler(
                 registry=metrics.registry,
                 stats=self.statistics,
                 policy=self.policy_snapshot,
                 readiness=self.readiness,
+                drain=self.drain,
             ),
             ADMIN_LIMITS,
             name="admin",
@@ -221,6 +248,12 @@ class App:
         await self.data_server.shutdown(drain_s)
         if self.nursery is not None:
             self.nursery.cancel_scope.cancel()
+        if self.tracing is not None:
+            await trio.to_thread.run_sync(self.tracing.shutdown)  # exports what is batched, off the event loop
+
+    def _start_draining(self) -> None:
+        """POST /admin/drain: /readyz says draining from now on (proxy/runtime/drain.py)."""
+        self.draining = True
 
     def apply_policy(self, policy: Policy, version: PolicyVersion) -> None:
         """Put a reloaded file's policy in force. `policy` is the file as written, without command-line overrides."""
@@ -253,6 +286,8 @@ class App:
         self._build_gate(policy)
         self.dedup.policy = policy.dedup
         self.batcher.configure(policy)
+        self.edge.access_log.configure(policy.access_log, policy.tenants)
+        self.edge.draining_retry_after_ms = policy.readiness.retry_after_ms
         self.lifecycles.update_policy(policy)
         self.metrics.policy_version.set(version.version)
 

@@ -66,8 +66,18 @@ def _rfc3339(created: float) -> str:
     return f"{seconds}.{int(created % 1 * 1000):03d}Z"
 
 
+_format = "text"
+
+
+def current_format() -> str:
+    """The --log-format in force: the access log writes its fields in the message (text) or as fields (json)."""
+    return _format
+
+
 def configure(level: str = "info", fmt: str = "text", stream=None) -> logging.Handler:
     """Replace the root logger's handlers with one writing `fmt` at `level` to `stream` (stderr)."""
+    global _format
+    _format = fmt
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()

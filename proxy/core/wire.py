@@ -23,6 +23,9 @@ GRPC_TIMEOUT = "grpc-timeout"
 IDEMPOTENCY_KEY = "idempotency-key"
 COST_HINT = "x-cost-hint"
 TENANT = "x-tenant"
+# Request and response: the caller's id for the request (kept when well formed, proxy/core/request_ids.py),
+# else one the sidecar made; sent upstream, returned on every answer and inside every rejection body.
+REQUEST_ID = "x-request-id"
 
 # Response headers the sidecar adds.
 QUEUE_MS = "x-rampmeter-queue-ms"
@@ -39,8 +42,10 @@ TIMEOUT_HINT_KEY = "x-rampmeter-timeout-hint-key"
 # `x-should-retry` says whether retrying can succeed (see should_retry()).
 RETRY_AFTER_MS_PLAIN = "retry-after-ms"
 SHOULD_RETRY = "x-should-retry"
+# The class that served the request (a caller whose x-priority was unknown learns which it got).
+SERVED_CLASS = "x-rampmeter-class"
 
-REQUEST_HEADERS = (PRIORITY, REQUEST_TIMEOUT_MS, GRPC_TIMEOUT, IDEMPOTENCY_KEY, COST_HINT, TENANT)
+REQUEST_HEADERS = (PRIORITY, REQUEST_TIMEOUT_MS, GRPC_TIMEOUT, IDEMPOTENCY_KEY, COST_HINT, TENANT, REQUEST_ID)
 RESPONSE_HEADERS = (
     QUEUE_MS,
     TIMEOUT_HINT_MS,
@@ -51,6 +56,8 @@ RESPONSE_HEADERS = (
     TIMEOUT_HINT_KEY,
     RETRY_AFTER_MS_PLAIN,
     SHOULD_RETRY,
+    REQUEST_ID,
+    SERVED_CLASS,
 )
 
 ERROR_TYPE = "rampmeter_rejected"
@@ -182,6 +189,20 @@ def rejection(
     if verdict is not None:
         headers.append((_SHOULD_RETRY, b"true" if verdict else b"false"))
     return STATUS_FOR_REASON[reason], headers, body
+
+
+REJECTION_PREFIX = b'{"error":{"type":"' + ERROR_TYPE.encode() + b'"'
+
+
+def with_request_id(body: bytes, request_id: bytes) -> bytes:
+    """A `rejection()` body with `"request_id"` added to its error object.
+
+    `request_id` is of request_ids' alphabet, which needs no JSON escaping; a body that
+    is not a rejection's is returned as it is.
+    """
+    if not body.startswith(REJECTION_PREFIX) or not body.endswith(b"}}"):
+        return body
+    return body[:-2] + b',"request_id":"' + request_id + b'"}}'
 
 
 def parse_timeout_ms(value: bytes) -> int:

@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from proxy.policy import access_log as _access_log
 from proxy.policy import admission as _admission
 from proxy.policy import batching as _batching
 from proxy.policy import dedup as _dedup
@@ -284,3 +285,5 @@ class Policy(Section):
     dedup: _dedup.Dedup = msgspec.field(default_factory=lambda: _dedup.Dedup())
     # Dynamic micro-batching of embeddings / rerank / KServe v2 calls (proxy/policy/batching.py); lazy, as above.
     batching: _batching.Batching = msgspec.field(default_factory=lambda: _batching.Batching())
+    # One line per request (proxy/policy/access_log.py); lazy, as above.
+    access_log: _access_log.AccessLog = msgspec.field(default_factory=lambda: _access_log.AccessLog())

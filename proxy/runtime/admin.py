@@ -12,17 +12,21 @@ snapshots the owning objects give (`statistics()`), never from internals.
                      with exemplar storage on), the format that carries exemplars
 - GET /admin/stats   JSON snapshot of every stateful part
 - GET /admin/policy  the effective policy, where it came from and its version
+- POST /admin/drain  stop admitting, wait for what was admitted (`?timeout_s=`): proxy/runtime/drain.py;
+                     200 drained / 504 timed out, with the DrainResult as JSON
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 from prometheus_client.exposition import choose_encoder
 
 from proxy.http.messages import Request, ResponseSink
+from proxy.runtime.drain import timeout_from_query
 
 _json = msgspec.json.Encoder(enc_hook=lambda obj: repr(obj))
 
@@ -37,11 +41,13 @@ class AdminHandler:
         stats: Callable[[], dict[str, Any]],
         policy: Callable[[], dict[str, Any]],
         readiness: Callable[[], tuple[bool, str]],
+        drain: Callable[[float | None], Awaitable[Any]] | None = None,
     ) -> None:
         self._registry = registry
         self._stats = stats
         self._policy = policy
         self._readiness = readiness
+        self._drain = drain
         self._routes = {
             b"/healthz": self._healthz,
             b"/readyz": self._readyz,
@@ -51,6 +57,9 @@ class AdminHandler:
         }
 
     async def __call__(self, request: Request, sink: ResponseSink) -> None:
+        if request.path == b"/admin/drain" and self._drain is not None:
+            await self._admin_drain(request, sink)
+            return
         route = self._routes.get(request.path)
         if route is None:
             await _text(sink, 404, "not found; try /healthz /readyz /metrics /admin/stats /admin/policy\n")
@@ -78,10 +87,22 @@ class AdminHandler:
     async def _admin_policy(self, sink: ResponseSink) -> None:
         await _send_json(sink, self._policy())
 
+    async def _admin_drain(self, request: Request, sink: ResponseSink) -> None:
+        if request.method != b"POST":  # it changes state: never on a GET a probe or a crawler might send
+            await sink.respond(405, [(b"allow", b"POST"), (b"content-type", b"text/plain")], b"POST only\n")
+            return
+        try:
+            timeout_s = timeout_from_query(request.target)
+        except ValueError as exc:
+            await _text(sink, 400, f"{exc}\n")
+            return
+        result = await self._drain(timeout_s)
+        await _send_json(sink, dataclasses.asdict(result), result.status)
+
 
 async def _text(sink: ResponseSink, status: int, text: str) -> None:
     await sink.respond(status, [(b"content-type", b"text/plain; charset=utf-8")], text.encode())
 
 
-async def _send_json(sink: ResponseSink, value: Any) -> None:
-    await sink.respond(200, [(b"content-type", b"application/json")], _json.encode(value) + b"\n")
+async def _send_json(sink: ResponseSink, value: Any, status: int = 200) -> None:
+    await sink.respond(status, [(b"content-type", b"application/json")], _json.encode(value) + b"\n")

@@ -57,7 +57,7 @@ from proxy.core.served_paths import ServedPaths
 from proxy.errors import ResponseCut, UpstreamTimeout
 from proxy.http.messages import Request, ResponseSink
 from proxy.http.ratelog import RateLimitedLog
-from proxy.runtime import grpc_answers
+from proxy.runtime import edge, grpc_answers
 from proxy.runtime.classify import classify
 from proxy.runtime.dedup import Follower, Leader, Replay
 from proxy.runtime.relay import Forwarded
@@ -108,6 +108,7 @@ class RequestPath:
         try:
             ticket = classify(request, body, trio.current_time(), app.scheduler, app.policy)
             request.klass = ticket.klass  # the class label of rampmeter_requests_total
+            edge.note_ticket(ticket)  # access log, span
             identity = app.dedup.identify(request.method, request.target, request.headers, body)
         except wire.HeaderError as exc:
             await self.reject(sink, Reject(wire.Reason.BAD_REQUEST, None, str(exc)))
@@ -125,6 +126,7 @@ class RequestPath:
         # returns, a Leader is started (or released by its handle) before the next checkpoint.
         with trio.CancelScope(shield=True):
             outcome = await dedup.begin(identity.scope, identity.fingerprint)
+        edge.note_idempotency(outcome)
         if isinstance(outcome, Leader):
             handle = outcome.handle
             if dedup.policy.continue_on_disconnect:
@@ -202,6 +204,7 @@ class RequestPath:
         app = self.app
         now = trio.current_time()
         queue_ms = slot.queue_ms
+        edge.note_admitted(slot.upstream, queue_ms)
         app.gate.shedder.on_dequeue(queue_ms, app.gate.rank(ticket.klass), now)
         service_ms = app.gate.service_ms(ticket, now)
         # The arrival check's rule, again at dequeue (docs/shedding.md): the queue's own expiry
@@ -246,6 +249,7 @@ class RequestPath:
                 request,
             )
             raise ResponseAborted("deadline passed while the response was streaming") from exc
+        edge.note_service(result.service_ms)  # here, in the request's task (a batch may release from another)
         if result.reason is wire.Reason.DEADLINE_EXPIRED:  # unscoped only: as the scope's cancellation would be
             self._count_rejection(ticket.klass, result.reason)
             return None

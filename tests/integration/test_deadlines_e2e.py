@@ -131,6 +131,7 @@ async def test_deadline_shorter_than_service_is_refused_before_the_deadline_and_
         "code": "deadline_unmeetable",
         "retry_after_ms": None,
         "message": "the request's timeout is shorter than its expected service time; raise it",
+        "request_id": resp.headers["x-request-id"],  # every rejection body names its request
     }
     stats = await pod_stats(fresh_pod)
     assert (stats["requests_submitted"], stats["busy_s"]) == (0, 0.0)

@@ -197,13 +197,24 @@ def test_probes_hit_the_admin_port_and_paths(sidecar):
     assert named_port(sidecar, "http") == data_port == 8080
 
 
+def test_the_model_drains_the_sidecar_before_it_stops(pod, sidecar):
+    """preStop: POST /admin/drain on the sidecar's admin port, then at least 5 s (endpoint removal)."""
+    (model,) = pod["containers"]
+    script = model["lifecycle"]["preStop"]["exec"]["command"][-1]
+    admin_port = port_of(option(sidecar["args"], "--admin"))
+    assert f"http://127.0.0.1:{admin_port}/admin/drain?timeout_s=" in script and 'method="POST"' in script
+    compile(script, "preStop", "exec")  # the one-liner is valid Python
+    assert "time.sleep(max(0.0, 5 -" in script
+
+
 def test_grace_period_fits_the_drain_timeout(pod):
     policy = load_policy(POLICY)
-    pre_stop = max(
-        (int(c["lifecycle"]["preStop"]["exec"]["command"][-1]) for c in pod["containers"] if "lifecycle" in c),
-        default=0,
-    )
-    assert pod["terminationGracePeriodSeconds"] >= pre_stop + policy.listen.drain_timeout_s + 5
+    (model,) = pod["containers"]
+    script = model["lifecycle"]["preStop"]["exec"]["command"][-1]
+    drain_s = float(re.search(r"timeout_s=([0-9.]+)", script).group(1))
+    # The hook's drain, the model's own stop (margin), then the sidecar's SIGTERM drain, which after
+    # the hook has nothing left but may take listen.drain_timeout_s if the hook timed out.
+    assert pod["terminationGracePeriodSeconds"] >= drain_s + policy.listen.drain_timeout_s + 5
 
 
 def test_policy_comes_from_the_configmap_as_a_directory(sidecar, pod):

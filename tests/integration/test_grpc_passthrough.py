@@ -4,7 +4,7 @@ One grpcio server (proxy/testing/grpc_servicer.py) and one `rampmeter serve
 --upstream-protocol h2c` in front of it, whose readiness is the gRPC health check.
 Each call is made direct and through the sidecar and must come back the same:
 messages, status code, details, and the application's metadata (the sidecar adds
-its own `via` and `x-rampmeter-*` entries, which are left out of the comparison).
+its own `via`, `x-request-id` and `x-rampmeter-*` entries, which are left out of the comparison).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def stack(tmp_path_factory):
 
 
 def app_metadata(md) -> list[tuple[str, object]]:
-    return [(m.key, m.value) for m in md or () if m.key != "via" and not m.key.startswith("x-rampmeter-")]
+    ours = ("via", "x-request-id")  # the sidecar's own entries (x-request-id: proxy/runtime/edge.py)
+    return [(m.key, m.value) for m in md or () if m.key not in ours and not m.key.startswith("x-rampmeter-")]
 
 
 def outcome(ch: grpc.Channel, name: str, kind: str, request, timeout: float = 10.0) -> dict:
