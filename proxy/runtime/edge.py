@@ -35,6 +35,7 @@ import trio
 from proxy.core import request_ids, wire
 from proxy.errors import BodyTooLarge, ClientGone, ProtocolError, RequestTimeout, ResponseCut
 from proxy.http.messages import Headers, Request, ResponseSink
+from proxy.runtime import grpc_answers
 
 _RID = wire.REQUEST_ID.encode()
 _CLASS = wire.SERVED_CLASS.encode()
@@ -214,7 +215,7 @@ class Edge:
         error: BaseException | None = None
         try:
             if self.draining:
-                await self._refuse(out)
+                await self._refuse(grpc_answers.for_request(request, out))  # gRPC-shaped for gRPC callers
                 return
             self.active += 1
             try:
@@ -243,7 +244,7 @@ class Edge:
         headers.append((_RID, made))  # sent upstream with the request
         return made
 
-    async def _refuse(self, out: EdgeSink) -> None:
+    async def _refuse(self, out: ResponseSink) -> None:
         self.refused_draining += 1
         if self._on_draining is not None:
             self._on_draining()

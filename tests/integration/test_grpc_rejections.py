@@ -231,3 +231,17 @@ def test_an_upstream_that_is_gone_is_unavailable(tmp_path) -> None:
     finally:
         health.shutdown()
         health.server_close()
+
+
+def test_a_draining_replica_is_unavailable_with_a_pushback(tmp_path) -> None:
+    """POST /admin/drain refuses new calls before the request path: gRPC callers still get a gRPC status."""
+    with gs.serve() as echo, sidecar(echo.url, policy=write(tmp_path, "p.toml", TIGHT), protocol="h2c") as car:
+        ch = gs.channel(address(car))
+        assert gs.method(ch, "Unary")(b"x", timeout=10)  # served before the drain
+        drained = httpx.post(car.url("admin") + "/admin/drain?timeout_s=5", timeout=10)
+        assert drained.status_code == 200, drained.text
+        err = failure(gs.method(ch, "Unary"), b"x", timeout=10)
+        ch.close()
+    assert err.code() is grpc.StatusCode.UNAVAILABLE
+    assert trailing(err)["x-rampmeter-reason"] == "draining"
+    assert int(trailing(err)["grpc-retry-pushback-ms"]) > 0
