@@ -80,7 +80,7 @@ def listen_failure(exc: OSError) -> str:
         errno.EADDRNOTAVAIL: "no such address on this host",
         errno.EACCES: "permission denied (ports below 1024 need privileges)",
     }
-    return reasons.get(exc.errno, (exc.strerror or str(exc)).lower())
+    return reasons.get(exc.errno or 0, (exc.strerror or str(exc)).lower())
 
 
 def _restart_parts(p: Policy) -> tuple[tuple[str, object], ...]:
@@ -133,8 +133,7 @@ class App:
         self.pool = UpstreamPool(policy.upstreams, metrics=metrics)
         self.scheduler = Scheduler(policy, rng=self.rng, metrics=metrics)
         self.observatory = Observatory(policy.latency, metrics.registry)
-        self.gate: ArrivalGate | None = None
-        self._build_gate(policy)
+        self.gate = self._build_gate(policy, 0.0)
         self.dedup = Dedup(policy.dedup, build_store(policy.dedup, metrics), metrics, rng=self.rng)
         self.lifecycles = UpstreamLifecycles(policy, metrics=metrics)
         for warmer in self.lifecycles.warmers:  # warm-up probes seed the service-time model
@@ -167,17 +166,17 @@ class App:
     def __repr__(self) -> str:
         return f"<App policy v{self.version.version} from {self.version.source} draining={self.draining}>"
 
-    def _build_gate(self, policy: Policy) -> None:
+    def _build_gate(self, policy: Policy, pressure: float) -> ArrivalGate:
         """The arrival gate (shedding, quotas, deadline check), rebuilt whole on reload."""
         ctl = self.scheduler.controller
         shedder = shedding_policy.shedder(policy.shedding, len(policy.classes), self.rng)
         tenants = shedding_policy.tenant_quota(policy.tenants)
-        pressure = self.gate.gpu_memory_fraction if self.gate is not None else 0.0
-        self.gate = ArrivalGate(policy, shedder, tenants, self.observatory.service, ctl.models)
-        self.gate.gpu_memory_fraction = pressure
-        ctl.checks = [self.gate]
+        gate = ArrivalGate(policy, shedder, tenants, self.observatory.service, ctl.models)
+        gate.gpu_memory_fraction = pressure
+        ctl.checks = [gate]
         # Queue-full answers get the same jittered, bounded Retry-After as shed ones.
         ctl.retry_after = lambda c, klass, now: shedder.retry_after(c.expected_wait_ms(klass, float("inf"), now))
+        return gate
 
     async def run(self, data_address: str, admin_address: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with self.pool, trio.open_nursery() as nursery:
@@ -250,7 +249,7 @@ class App:
         self.scheduler.apply_policy(policy)
         if policy.latency != old.latency:
             self.observatory.configure(policy.latency)  # new windows, samples start over
-        self._build_gate(policy)
+        self.gate = self._build_gate(policy, self.gate.gpu_memory_fraction)
         self.dedup.policy = policy.dedup
         self.batcher.configure(policy)
         self.lifecycles.update_policy(policy)

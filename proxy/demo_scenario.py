@@ -164,7 +164,7 @@ async def _interleave(pairs: list[tuple[lt.Trace, lt.Target]], after_step=None) 
                 part.trace = trace
                 merged[k] = part
             else:
-                merged[k].merge(part)
+                merged[k].merge(part)  # type: ignore[union-attr]  # set in the branch above
     return merged  # type: ignore[return-value]
 
 
@@ -304,7 +304,7 @@ def run_demo(
         )[0]["capacity_rps"]
         rate = round(load * capacity, 1)
         echo(f"  {capacity:.1f} req/s; replaying {rate} req/s ({load:g}x) for {seconds:g} s per configuration")
-        targets = {"direct": pod_url, **urls}
+        targets = {"direct": pod_url, **{n: u for n, u in urls.items() if u is not None}}  # all started by now
         results = compare(
             targets, dict.fromkeys(targets, mix), [rate], step_s=seconds, warmup_s=min(5.0, seconds / 5), seed=seed
         )

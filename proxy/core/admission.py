@@ -56,8 +56,9 @@ new unit and reservations; a changed `[limits]` section restarts the limits.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from proxy.core.balancer import Balancer
 from proxy.core.capacity import Capacity
@@ -86,6 +87,9 @@ from proxy.core.wire import Reason
 if TYPE_CHECKING:
     import random
 
+    from proxy.core.phantoms import Phantom
+    from proxy.policy.schema import Policy
+
 Check = Callable[["AdmissionController", Ticket, float], "Reject | None"]
 
 _NOTHING_OBSERVED = Observed()
@@ -97,7 +101,7 @@ _NO_TIME_TO_WAIT = Reject(Reason.DEADLINE_UNMEETABLE, None, "the deadline leaves
 class AdmissionController:
     def __init__(
         self,
-        policy,
+        policy: Policy,
         upstream_count: int | None = None,
         rng: random.Random | None = None,
         *,
@@ -126,13 +130,13 @@ class AdmissionController:
         self._probe_leases: set[int] = set()
         self._work_in: dict[str, DecayedRate] = {}  # per class: expected ms of work arriving per second
         self._now = 0.0
-        self.counts = {"admitted": 0, "expired": 0, "abandoned": 0, "released": 0, "phantoms": 0, "rejected": {}}
+        self.counts = {"admitted": 0, "expired": 0, "abandoned": 0, "released": 0, "phantoms": 0}
+        self.rejected: dict[str, int] = {}  # reason -> count
         self.models = ServiceModels()
         # Completed requests' service time, all routes: the backend's own time scale for shedding.
         self.service_times = WindowedQuantiles(window_s=60.0, sub_windows=6, refresh_s=1.0)
-        self.policy = None
         self.waitline = Waitline(policy.scheduling, policy.classes)
-        self._configure(policy, 0.0)
+        self._configure(policy, None, 0.0)
 
     # --- arrival ----------------------------------------------------------
 
@@ -152,7 +156,7 @@ class AdmissionController:
         self,
         klass: str,
         cost: Cost,
-        deadline: float | None = None,
+        deadline: float = math.inf,
         budget_ms: int | None = None,
         tenant: bytes = b"",
         now: float | None = None,
@@ -169,7 +173,7 @@ class AdmissionController:
         line = self.waitline
         if line.get(ticket.id) is not None:
             raise ValueError(f"ticket {ticket.id} is already queued")
-        if ticket.deadline is not None and now >= ticket.deadline:
+        if now >= ticket.deadline:
             return self._reject(Reject(Reason.DEADLINE_EXPIRED, None, "the deadline passed before admission"))
         for check in self.checks:
             verdict = check(self, ticket, now)
@@ -231,9 +235,11 @@ class AdmissionController:
         charge = self._charges.pop(lease.id)
         self._inflight_expected_ms -= t.expected_ms
         cut = outcome is Outcome.CANCELLED and rtt_ms is not None
-        if cut:  # cut after rtt_ms upstream: a censored sample, and maybe work the backend still does
+        if (
+            cut and rtt_ms is not None
+        ):  # cut after rtt_ms upstream: a censored sample, and maybe work the backend still does
             self.models.censored(t.cost.route, t.cost.prompt_tokens, t.cost.output_tokens, rtt_ms, now)
-        remaining = self._remaining_ms(lease, rtt_ms, now) if cut else 0.0
+        remaining = self._remaining_ms(lease, rtt_ms, now) if cut and rtt_ms is not None else 0.0
         if remaining > 0.0:
             self.phantoms.add(lease, charge, now, remaining)
             self._charges[lease.id] = charge  # still charged, re-counted on reload
@@ -293,7 +299,7 @@ class AdmissionController:
             self._end_phantom(p)
         return bool(ended)
 
-    def _end_phantom(self, p) -> None:
+    def _end_phantom(self, p: Phantom) -> None:
         lease = p.lease
         self.capacity.give(lease.upstream, lease.ticket.klass, self._charges.pop(lease.id))
         self._inflight_expected_ms -= p.remaining_ms
@@ -387,7 +393,7 @@ class AdmissionController:
 
     def _held(self, ticket: Ticket) -> bool:
         """Waits for its route's first answer (see "Unjudged routes" in the module docstring)."""
-        if ticket.deadline is None:
+        if ticket.deadline == math.inf:  # no deadline (probes, tests): nothing to protect
             return False
         route = ticket.cost.route
         return self._probes.get(route, 0) >= self._unjudged_in_flight and not self.models.judged(route)
@@ -410,7 +416,7 @@ class AdmissionController:
         self._leases[lease.id] = lease
         self._charges[lease.id] = charge
         self._inflight_expected_ms += ticket.expected_ms
-        if ticket.deadline is not None and not self.models.judged(ticket.cost.route):
+        if ticket.deadline != math.inf and not self.models.judged(ticket.cost.route):
             self._probe_leases.add(lease.id)
             self._probes[ticket.cost.route] = self._probes.get(ticket.cost.route, 0) + 1
         self.counts["admitted"] += 1
@@ -455,21 +461,21 @@ class AdmissionController:
         self._leaves.add(self._now)
 
     def _reject(self, verdict: Reject) -> Reject:
-        rejected = self.counts["rejected"]
+        rejected = self.rejected
         rejected[verdict.reason.value] = rejected.get(verdict.reason.value, 0) + 1
         return verdict
 
     # --- policy -----------------------------------------------------------
 
-    def apply_policy(self, policy, now: float) -> list[Admit | Expired]:
+    def apply_policy(self, policy: Policy, now: float) -> list[Admit | Expired]:
         """Swap the policy; queued tickets and leases survive (see the module docstring)."""
         self._now = now
-        self._configure(policy, now)
+        self._configure(policy, self.policy, now)
         self._dispatch(now)
         return self.take_woken()
 
-    def _configure(self, policy, now: float) -> None:
-        old, self.policy = self.policy, policy
+    def _configure(self, policy: Policy, old: Policy | None, now: float) -> None:
+        self.policy = policy
         sched, limits = policy.scheduling, policy.limits
         self._unit_requests = limits.unit == "requests"
         self._per_token = limits.latency_measure == "ms_per_token"
@@ -489,7 +495,7 @@ class AdmissionController:
             self.balancer.set_cooldowns(_cooldowns(policy, self.upstream_count))
         self._configure_habits(policy)
 
-    def _configure_habits(self, policy) -> None:
+    def _configure_habits(self, policy: Policy) -> None:
         """One CancelHabit per upstream; what "auto" learned survives a reload that keeps "auto"."""
         ups = getattr(policy, "upstreams", ())
         settings = [ups[i].stops_on_cancel if i < len(ups) else "auto" for i in range(self.upstream_count)]
@@ -499,7 +505,7 @@ class AdmissionController:
             for i, setting in enumerate(settings)
         ]
 
-    def _configure_capacity(self, policy, old) -> None:
+    def _configure_capacity(self, policy: Policy, old: Policy | None) -> None:
         """New limits if [limits] changed; in-flight leases re-counted under the new unit and reservations."""
         n = self.upstream_count
         previous = getattr(self, "capacity", None)
@@ -574,7 +580,8 @@ class AdmissionController:
         for name in ranked:
             q = queues[name]
             depths.append(q.live)
-            waits.append((now - q.oldest().enqueued_at) * 1000.0 if q.live else 0.0)
+            oldest = q.oldest() if q.live else None
+            waits.append(0.0 if oldest is None else (now - oldest.enqueued_at) * 1000.0)
         cap = self.capacity
         return LoadSnapshot(
             tuple(depths),
@@ -589,7 +596,7 @@ class AdmissionController:
             service_p99_ms=self.service_times.quantile(0.99, now) or 0.0,
         )
 
-    def statistics(self, now: float | None = None) -> dict:
+    def statistics(self, now: float | None = None) -> dict[str, Any]:
         now = self._now if now is None else now
         classes = self.waitline.statistics(now)
         arrivals, leaves = self._arrivals.rate(now), self._leaves.rate(now)
@@ -609,7 +616,7 @@ class AdmissionController:
             "drain_rate_per_s": self._drain.rate(now),
             "queue_growth_per_s": arrivals - leaves,
             "queue_growing": bool(len(self.waitline)) and arrivals > leaves,
-            "counts": {**self.counts, "rejected": dict(self.counts["rejected"])},
+            "counts": {**self.counts, "rejected": dict(self.rejected)},
             "phantoms": self.phantoms.statistics(now),
             "stops_on_cancel": [h.state == STOPS if h.state != "unknown" else "auto" for h in self.habits],
             "models": self.models.statistics(now),
@@ -646,6 +653,6 @@ def default_retry_after(ctl: AdmissionController, klass: str, now: float) -> int
     return int(min(60_000.0, max(500.0, wait)))
 
 
-def _cooldowns(policy, n: int) -> list[float] | float:
+def _cooldowns(policy: Policy, n: int) -> list[float] | float:
     ups = getattr(policy, "upstreams", ())
     return [u.cooldown_s for u in ups] if len(ups) == n else (ups[0].cooldown_s if ups else 5.0)

@@ -17,17 +17,24 @@ The gate is rebuilt whole on a policy reload (`proxy.runtime` does that).
 
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING
+
 from proxy.core import deadline as dl
-from proxy.core.decisions import Ticket
+from proxy.core.decisions import Reject, Ticket
 from proxy.core.quantiles import LatencyFamily, cost_bucket
 from proxy.core.service_model import ServiceModels
 from proxy.core.shedding import Shedder, arrival_verdict
 from proxy.core.token_bucket import TenantQuota
 
+if TYPE_CHECKING:
+    from proxy.core.admission import AdmissionController
+    from proxy.policy.schema import Policy
+
 _NO_DEADLINE = dl.Meetable(float("inf"), float("inf"))
 
 
-def ranked_classes(policy) -> tuple[str, ...]:
+def ranked_classes(policy: Policy) -> tuple[str, ...]:
     """Class names, most important first, as the shedding rules rank them."""
     classes = policy.classes
     if policy.scheduling.class_mode == "weighted":
@@ -45,7 +52,7 @@ class ArrivalGate:
 
     def __init__(
         self,
-        policy,
+        policy: Policy,
         shedder: Shedder,
         tenants: TenantQuota | None,
         service_ms: LatencyFamily,
@@ -58,7 +65,7 @@ class ArrivalGate:
         self.models = models  # the controller's, for censored floors raised since a ticket arrived
         self.gpu_memory_fraction = 0.0  # fed by the GPU sampler / upstream metrics, in [0, 1]
 
-    def __call__(self, ctl, ticket: Ticket, now: float):
+    def __call__(self, ctl: AdmissionController, ticket: Ticket, now: float) -> Reject | None:
         snap = ctl.load_snapshot(now, self.ranked, self.gpu_memory_fraction)
         return arrival_verdict(
             self.shedder,
@@ -86,8 +93,8 @@ class ArrivalGate:
         c = ticket.cost
         return max(estimate, self.models.floor_ms(c.route, c.prompt_tokens, c.output_tokens, now))
 
-    def deadline_verdict(self, ctl, ticket: Ticket, now: float) -> dl.Meetable | dl.Unmeetable:
-        if ticket.deadline is None:
+    def deadline_verdict(self, ctl: AdmissionController, ticket: Ticket, now: float) -> dl.Meetable | dl.Unmeetable:
+        if ticket.deadline == math.inf:
             return _NO_DEADLINE
         wait_ms = ctl.expected_wait_ms(ticket.klass, ticket.expected_ms, now)
         return dl.check(now, ticket.deadline, wait_ms, self.service_ms(ticket, now), ticket.budget_ms)

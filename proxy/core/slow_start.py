@@ -29,7 +29,7 @@ def slow_start_factor(t_s: float, *, window_s: float, aggression: float, min_wei
     if window_s <= 0 or t_s >= window_s:
         return 1.0
     progress = max(t_s, 0.0) / window_s
-    return max(min_weight, progress ** (1.0 / aggression))
+    return max(min_weight, float(progress ** (1.0 / aggression)))
 
 
 def ramped_limit(limit: int, factor: float) -> int:

@@ -16,6 +16,8 @@ by latency.max_keys per family.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import trio
 from prometheus_client.core import GaugeMetricFamily
 
@@ -56,13 +58,15 @@ class Observatory:
             fallback_ms if p99 is None else p99, p.timeout_hint_factor, p.timeout_hint_min_ms, p.timeout_hint_max_ms
         )
 
-    def statistics(self, now: float) -> dict:
-        out: dict = {}
+    def statistics(self, now: float) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         for kind, family in self.families.items():
             rows = []
             for key in family.keys():  # noqa: SIM118 - a Family, not a dict
                 tracker = family.tracker(key)
-                route, bucket = key
+                if tracker is None:
+                    continue
+                route, bucket = cast("tuple[str, int]", key)  # service_key(): (route, cost bucket)
                 rows.append(
                     {
                         "route": route,

@@ -46,6 +46,7 @@ client's retry, and its lease ends when the server is really done.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import trio
 
@@ -89,8 +90,8 @@ class RequestPath:
         self.app = app
         metrics = app.metrics
         self._rejections_metric = metrics.rejections
-        self._rejections: dict[tuple[str, wire.Reason], object] = {}
-        self._goodput: dict[str, object] = {}
+        self._rejections: dict[tuple[str, wire.Reason], Any] = {}  # prometheus children, bound once
+        self._goodput: dict[str, Any] = {}
         self._goodput_metric = metrics.goodput
         self._listen = app.policy.listen
         self._served = ServedPaths(self._listen.served_paths)
@@ -207,10 +208,8 @@ class RequestPath:
         # The arrival check's rule, again at dequeue (docs/shedding.md): the queue's own expiry
         # uses the mean expected time; work that would likely be cut at the deadline is not
         # started. "try" classes go ahead while any time is left, as they ask.
-        if (
-            ticket.deadline is not None
-            and app.policy.classes[ticket.klass].on_unmeetable == "reject"
-            and dl.should_expire(now, ticket.deadline, service_ms)
+        if app.policy.classes[ticket.klass].on_unmeetable == "reject" and dl.should_expire(
+            now, ticket.deadline, service_ms
         ):
             slot.done(Outcome.CANCELLED)
             return _TOO_LATE

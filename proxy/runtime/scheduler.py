@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
+from types import TracebackType
 
 import trio
 
@@ -106,13 +108,16 @@ class _Admission:
     __slots__ = ("_scheduler", "_slot", "_ticket")
 
     def __init__(self, scheduler: Scheduler, ticket: Ticket) -> None:
-        self._scheduler, self._ticket, self._slot = scheduler, ticket, None
+        self._scheduler, self._ticket = scheduler, ticket
+        self._slot: Slot | None = None
 
     async def __aenter__(self) -> Slot:
-        self._slot = await self._scheduler._acquire(self._ticket)
-        return self._slot
+        slot = self._slot = await self._scheduler._acquire(self._ticket)
+        return slot
 
-    async def __aexit__(self, exc_type, exc, tb) -> bool:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
         slot = self._slot
         if slot is not None and slot.lease is not None and not slot._done:
             cancelled = exc_type is not None and issubclass(exc_type, trio.Cancelled)
@@ -176,7 +181,7 @@ class Scheduler:
         self,
         priority: bytes | str | None,
         cost: Cost,
-        deadline: float | None = None,
+        deadline: float = math.inf,
         budget_ms: int | None = None,
         tenant: bytes = b"",
     ) -> Ticket:
@@ -275,7 +280,7 @@ class Scheduler:
         elif isinstance(waiter.result, Admit):
             self._release(waiter.result.lease, Outcome.CANCELLED, None, None)
 
-    def _deliver(self, decisions: list[Admit | Expired]) -> None:
+    def _deliver(self, decisions: Sequence[Admit | Expired]) -> None:
         for d in decisions:
             waiter = self._waiters.get(d.ticket.id)
             if waiter is None or waiter.result is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import msgspec
@@ -83,7 +84,7 @@ def ticket(
     klass: str = "interactive",
     expected_ms: float = 100.0,
     units: int = 1,
-    deadline: float | None = None,
+    deadline: float = math.inf,
 ) -> Ticket:
     return Ticket(next(_ids), klass, Cost(units, 0, units, route="/"), expected_ms, deadline)
 
@@ -451,7 +452,7 @@ def test_inflight_never_exceeds_the_limit_and_overdue_entries_go_first(steps, li
                     klass,
                     float(n + 1),
                     units=n // 10 + 1,
-                    deadline=now + n / 100 if n % 3 == 0 else None,
+                    deadline=now + n / 100 if n % 3 == 0 else math.inf,
                 ),
                 now,
             )
@@ -483,7 +484,7 @@ def test_inflight_never_exceeds_the_limit_and_overdue_entries_go_first(steps, li
             now += n / 1000.0
         elif op == "expire":
             for e in ctl.expire(now):
-                assert e.ticket.deadline is not None
+                assert e.ticket.deadline != math.inf
             check(ctl.take_woken())
         assert ctl.capacity.used == [
             sum(ctl._charges[lz.id] for lz in leases if lz.upstream == i) for i in range(upstreams)

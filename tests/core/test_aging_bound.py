@@ -53,7 +53,7 @@ def serial_run(
         else:
             now, ms = arrivals[i]
             i += 1
-            t = Ticket(next(_ids), "interactive", Cost(1, 0, 1, route="/"), ms)
+            t = Ticket(next(_ids), "interactive", Cost(1, 0, 1, route="/"), ms, math.inf)
             fcfs_at[t.id] = ctl.fcfs_wait_ms(now)
             d = ctl.arrive(t, now)
             entry = ctl.waitline.get(t.id)

@@ -157,4 +157,4 @@ def test_a_closed_loop_the_queue_holds_within_its_deadlines_is_never_shed(n, lim
             start(w)
         served += 1
         send()
-    assert sum(ctl.counts["rejected"].values()) == 0 and ctl.counts["expired"] == 0
+    assert sum(ctl.rejected.values()) == 0 and ctl.counts["expired"] == 0

@@ -20,6 +20,7 @@ import argparse
 import math
 import signal
 import sys
+from typing import Any
 
 import trio
 
@@ -37,7 +38,7 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-_TYPES = {"float": float, "int": int, "str": str, "bool": _bool}
+_TYPES: dict[object, Any] = {"float": float, "int": int, "str": str, "bool": _bool}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
