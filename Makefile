@@ -19,7 +19,7 @@ test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 demo: setup
-	$(PY) -m proxy.demo
+	$(PY) -m proxy.testing.demo
 
 lint: setup
 	$(PY) -m ruff check proxy client_sdk tests bench

@@ -42,13 +42,13 @@ from proxy.core.arrival import ArrivalGate
 from proxy.errors import StartupError
 from proxy.http.pool import UpstreamPool
 from proxy.http.server import FD_BASE_RESERVE, Server
+from proxy.metrics import Metrics
 from proxy.policy import shedding as shedding_policy
 from proxy.policy.schema import Listen, Policy
 from proxy.runtime.admin import AdminHandler
 from proxy.runtime.batcher import Batcher
 from proxy.runtime.dedup import Dedup, build_store
 from proxy.runtime.gpu import GpuSampler
-from proxy.runtime.metrics import Metrics
 from proxy.runtime.observe import Observatory
 from proxy.runtime.readiness import UpstreamLifecycles
 from proxy.runtime.reload import PolicyReloader, PolicyVersion

@@ -49,8 +49,8 @@ from proxy.errors import BodyTooLarge, ClientGone, ProtocolError, RequestTimeout
 from proxy.http.messages import Handler, Headers, Request, ResponseSink
 from proxy.http.patrol import Patrol
 from proxy.http.ratelog import RateLimitedLog
+from proxy.metrics import Metrics
 from proxy.policy.schema import Listen
-from proxy.runtime.metrics import Metrics
 
 log = logging.getLogger("rampmeter.server")
 _TIMEOUT = wire.REQUEST_TIMEOUT_MS.encode()

@@ -50,8 +50,8 @@ from proxy.http.forward import h2_request_headers
 from proxy.http.messages import Headers
 from proxy.http.upstream_h1 import H1Connection, H1Response, framed
 from proxy.http.upstream_h2 import H2Connection, H2Response
+from proxy.metrics import Metrics
 from proxy.policy.schema import Upstream
-from proxy.runtime.metrics import Metrics
 
 OUTCOMES = ("ok", "aborted", "protocol_error", "connect_error")
 _BYTES_LIKE = (bytes, bytearray, memoryview)

@@ -60,8 +60,8 @@ from proxy.http.h1server import PREFACE, H1Connection
 from proxy.http.h2server import H2Connection
 from proxy.http.messages import Handler
 from proxy.http.ratelog import RateLimitedLog
+from proxy.metrics import Metrics
 from proxy.policy.schema import Listen
-from proxy.runtime.metrics import Metrics
 
 log = logging.getLogger("rampmeter.server")
 

@@ -31,8 +31,8 @@ from typing import Any
 
 import trio
 
+from proxy.metrics import Metrics
 from proxy.policy.warmup import Gpu
-from proxy.runtime.metrics import Metrics
 
 log = logging.getLogger("rampmeter.gpu")
 

@@ -24,8 +24,8 @@ from prometheus_client.core import GaugeMetricFamily
 from proxy.core import deadline as dl
 from proxy.core.arrival import service_key
 from proxy.core.decisions import Ticket
+from proxy.metrics import PREFIX, SPECS
 from proxy.policy import shedding as shedding_policy
-from proxy.runtime.metrics import PREFIX, SPECS
 
 QUANTILES = (0.5, 0.9, 0.99)
 _SPEC = next(spec for spec in SPECS if spec.name == "pod_latency_quantile_seconds")

@@ -311,7 +311,7 @@ def _or_inf(value: float | None) -> float:
 
 
 class _Instruments:
-    """The admission metrics (proxy/runtime/metrics.py SPECS), children bound once per label.
+    """The admission metrics (proxy/metrics.py SPECS), children bound once per label.
 
     Levels (queue depth, in-flight units, limit) are read from the controller at
     scrape time (Gauge.set_function), so the request path pays only for the

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 from proxy.core.cost import Cost
 from proxy.core.decisions import Admit, LeaseError, Observed, Outcome
 from proxy.core.wire import Reason
+from proxy.metrics import Metrics
 from proxy.policy.admission import ClassPolicy
-from proxy.runtime.metrics import Metrics
 from proxy.runtime.readiness import UpstreamLifecycles
 from proxy.runtime.scheduler import Scheduler
 from tests.core.test_admission import make_policy, patient_classes, ticket

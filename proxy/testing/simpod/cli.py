@@ -24,7 +24,7 @@ from typing import Any
 
 import trio
 
-from proxy.testing.procs import print_ready
+from proxy.ready import print_ready
 from proxy.testing.simpod.faults import Fault, Faults
 from proxy.testing.simpod.profiles import OVERRIDABLE, PROFILES, get_profile
 
