@@ -50,6 +50,9 @@ class Lease:
     units: int  # charged against the upstream's limit at admission (the limit's unit)
     admitted_at: float
     queue_ms: float
+    # The service time the deadline rules planned with (AdmissionController.service_ms), computed
+    # once: the request path's timeout hint reads it rather than asking again.
+    service_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

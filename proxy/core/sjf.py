@@ -205,20 +205,6 @@ class ClassQueue:
         """Live entries in arrival order."""
         return [e for e in self._fifo if e.alive]
 
-    def reconfigure(self, order: str, aging_ms_per_s: float, max_wait_s: float) -> None:
-        """New policy: re-key every live entry (reload is rare; O(n log n))."""
-        self.order, self.aging_ms_per_s, self.max_wait_s = order, aging_ms_per_s, max_wait_s
-        live = self.entries()
-        for e in live:
-            e.key = self._key(e)
-            e.due_at = min(e.fcfs_due, e.enqueued_at + max_wait_s)
-        self._heap = [(e.key, e.seq, e) for e in live]
-        heapq.heapify(self._heap)
-        self._due = [(e.due_at, e.seq, e) for e in live]
-        heapq.heapify(self._due)
-        self._overdue = []
-        self._fifo = deque(live)
-
     def _compact(self) -> None:
         self._heap = [item for item in self._heap if item[2].alive]
         heapq.heapify(self._heap)

@@ -72,9 +72,6 @@ class Waitline:
     def get(self, ticket_id: int) -> Entry | None:
         return self._entries.get(ticket_id)
 
-    def ids(self) -> set[int]:
-        return set(self._entries)
-
     def depth(self, klass: str) -> int:
         q = self.queues.get(klass)
         return 0 if q is None else q.live

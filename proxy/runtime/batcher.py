@@ -424,7 +424,7 @@ def _failed(outcome: Outcome, reason: wire.Reason, message: str) -> _Answer:
 
 
 class _RouteMetrics:
-    """The batching metrics of one route (proxy/runtime/metrics.py SPECS), children bound once."""
+    """The batching metrics of one route (proxy/metrics.py SPECS), children bound once."""
 
     def __init__(self, metrics, route: str) -> None:
         self._m = metrics

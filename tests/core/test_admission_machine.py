@@ -141,7 +141,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         assert sum(cap.used) == len(self.leases) + phantoms  # requests unit
         assert self.ctl.counts["phantoms"] == phantoms + self.ctl.phantoms.ended  # each ends once
         queued = {i for i, s in self.state.items() if s == "queued"}
-        assert queued == self.ctl.waitline.ids()
+        assert queued == {e.ticket.id for q in self.ctl.waitline.queues.values() for e in q.entries()}
         for i in range(2):
             assert cap.general[i] >= 0 and cap.used[i] >= 0
 

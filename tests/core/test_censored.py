@@ -103,11 +103,9 @@ def embeddings_policy(**sched) -> Policy:
 
 
 def gated(policy: Policy) -> AdmissionController:
-    ctl = AdmissionController(policy, rng=random.Random(0))
     service = shedding_policy.latency_family(policy.latency)
-    gate = ArrivalGate(policy, shedding_policy.shedder(policy.shedding, 3, random.Random(0)), None, service, ctl.models)
-    ctl.checks = [gate]
-    return ctl
+    gate = ArrivalGate(policy, shedding_policy.shedder(policy.shedding, 3, random.Random(0)), None)
+    return AdmissionController(policy, rng=random.Random(0), gate=gate, service=service)
 
 
 def embed(ctl: AdmissionController, now: float, budget_ms: int = 200) -> Ticket:
