@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test demo lint bench bench-quick bench-deps policy-docs dashboard tools clean
+.PHONY: setup test demo lint typecheck bench bench-quick bench-deps policy-docs dashboard tools clean
 
 setup: $(STAMP)
 
@@ -19,11 +19,15 @@ test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 demo: setup
-	$(PY) -m proxy.demo
+	$(PY) -m proxy.testing.demo
 
 lint: setup
 	$(PY) -m ruff check proxy client_sdk tests bench
 	$(PY) -m ruff format --check proxy client_sdk tests bench
+
+# Strict for proxy/core, proxy/policy and client_sdk, default elsewhere ([tool.mypy] in pyproject.toml).
+typecheck: setup
+	$(PY) -m mypy proxy client_sdk
 
 # Validators the monitoring and policy tests run, in a venv of their own (.ci/run adds its bin/ to PATH):
 # kubernetes-validate (manifests), check-jsonschema and taplo (policies against the shipped schema).

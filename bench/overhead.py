@@ -151,8 +151,8 @@ def serve_wire(address: str, upstream_url: str, reuse_port: bool = False) -> Non
     from proxy.http import forward
     from proxy.http.pool import UpstreamPool
     from proxy.http.server import Server
+    from proxy.metrics import Metrics
     from proxy.policy.schema import Upstream
-    from proxy.runtime.metrics import Metrics
     from proxy.testing.procs import print_ready
 
     async def main() -> None:

@@ -40,8 +40,8 @@ import httpx
 from bench.common import parse_args, pin, target, write_result
 from proxy import demo_scenario as demo
 from proxy import loadtest as lt
-from proxy.loadtest import scheduling as sc
 from proxy.loadtest.shapes import Shape, chat_body
+from proxy.testing import scheduling as sc
 from proxy.testing.procs import Proc
 from proxy.testing.simpod import get_profile, oracle
 

@@ -29,8 +29,8 @@ import httpx
 from bench.common import parse_args, target, write_result
 from proxy import demo_scenario as demo
 from proxy import loadtest as lt
-from proxy.loadtest import scheduling as sc
 from proxy.loadtest.shapes import Shape, chat_body
+from proxy.testing import scheduling as sc
 
 SEED = 5
 CHAT = "/v1/chat/completions"

@@ -3,7 +3,7 @@
 Setup: the simulated pod's llm profile at --speed 2 with --stop-mean-tokens 200
 (outputs stop early, so a request's true length is known only to the pod), an
 80/20 mix of the loadtest's short_chat / long_chat shapes (64 bodies per class,
-proxy/loadtest/scheduling.py).
+proxy/testing/scheduling.py).
 
 1. Capacity and limit: a closed loop straight at the pod at several
    concurrencies, throughput from the pod's token counter; capacity = the best;
@@ -45,7 +45,7 @@ import httpx
 
 from bench.common import parse_args, pin, target, write_result
 from proxy import demo_scenario as demo
-from proxy.loadtest import scheduling as sc
+from proxy.testing import scheduling as sc
 from proxy.testing.procs import Proc
 
 SEED = 7

@@ -56,7 +56,7 @@ def _mapped() -> Iterator[None]:
         yield
     except httpx.HTTPError as exc:
         mapped = error_for_exception(exc)
-        if mapped is None or mapped is exc:
+        if mapped is None or mapped is exc:  # type: ignore[comparison-overlap]  # error_for_exception passes the SDK's own through
             raise
         raise mapped from exc
 

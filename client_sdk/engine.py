@@ -190,7 +190,7 @@ class Engine:
                 state.last_failure = signals.failure_name(status, headers, exc)
             if hint is not None:
                 state.hints.learn(kind, hint_key, hint)
-            elif cut_by_hint:
+            elif cut_by_hint and call.hint_s is not None:
                 # The hint cut this attempt off: the server got slower than the p99 the
                 # hint came from. Back it off, as TCP doubles its retransmission timer
                 # (RFC 6298 5.5), until a response brings a fresh one. Otherwise every
@@ -246,8 +246,10 @@ class Engine:
         call: Call = rs.args[0]
         assert rs.outcome is not None
         if not rs.outcome.failed:
-            return rs.outcome.result()  # the caller sees the server's answer as it was
+            answer: httpx.Response = rs.outcome.result()
+            return answer  # the caller sees the server's answer as it was
         exc = rs.outcome.exception()
+        assert exc is not None  # failed
         request: httpx.Request = rs.args[1]
         if call.stop is Stop.DEADLINE:
             raise DeadlineExceeded(

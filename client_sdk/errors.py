@@ -31,6 +31,7 @@ body as they would any other. `client_sdk.Client` then maps what is left with
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 
@@ -76,7 +77,7 @@ class DeadlineUnmeetable(Rejected):
     Raise the deadline (`deadline_s`, `x-request-timeout-ms`) or ask for less work.
     """
 
-    def __init__(self, status: int, message: str, budget_ms: str | None, **kwargs) -> None:
+    def __init__(self, status: int, message: str, budget_ms: str | None, **kwargs: Any) -> None:
         sent = f" (this attempt sent x-request-timeout-ms: {budget_ms})" if budget_ms else ""
         advice = (
             f"the deadline is shorter than this request needs{sent}; a retry cannot help. "

@@ -34,8 +34,9 @@ import anyio
 import httpx
 import tenacity
 
+from client_sdk.call import Call
 from client_sdk.config import RetryConfig
-from client_sdk.engine import Call, ClientStatistics, Engine
+from client_sdk.engine import ClientStatistics, Engine
 from client_sdk.errors import DeadlineExceeded, ThrottledLocally
 from client_sdk.events import Hooks
 
@@ -178,7 +179,7 @@ class AsyncResilientTransport(httpx.AsyncBaseTransport):
             retry_error_callback=engine.give_up,
         )
         try:
-            response = await retrying(self._attempt, call, request)
+            response: httpx.Response = await retrying(self._attempt, call, request)
         except BaseException as exc:
             engine.finish(call, None, exc)
             raise

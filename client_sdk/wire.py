@@ -57,7 +57,6 @@ class Reason(enum.StrEnum):
     """Why the sidecar answered instead of the model server."""
 
     QUEUE_FULL = "queue_full"
-    QUEUE_TIMEOUT = "queue_timeout"
     DEADLINE_UNMEETABLE = "deadline_unmeetable"
     DEADLINE_EXPIRED = "deadline_expired"
     OVERLOADED = "overloaded"
@@ -75,7 +74,6 @@ class Reason(enum.StrEnum):
 
 STATUS_FOR_REASON: dict[Reason, int] = {
     Reason.QUEUE_FULL: 503,
-    Reason.QUEUE_TIMEOUT: 503,
     Reason.DEADLINE_UNMEETABLE: 503,
     Reason.DEADLINE_EXPIRED: 504,
     Reason.OVERLOADED: 503,
@@ -97,7 +95,6 @@ STATUS_FOR_REASON: dict[Reason, int] = {
 RETRYABLE_REASONS = frozenset(
     {
         Reason.QUEUE_FULL,
-        Reason.QUEUE_TIMEOUT,
         Reason.DEADLINE_UNMEETABLE,
         Reason.OVERLOADED,
         Reason.GPU_PRESSURE,

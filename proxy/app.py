@@ -9,10 +9,13 @@ only when every listener is bound. `App.shutdown` drains: /readyz flips to
 until no request is in flight (at most `listen.drain_timeout_s`; idle client
 connections and pooled upstream ones never hold it), then everything is cancelled.
 
-The parts the request path uses are attributes of the app (`scheduler`, `gate`,
-`dedup`, ...), so a policy reload swaps them in one place: the scheduler and
-dedup take the new policy live (queued requests survive), the arrival gate and
-latency windows are rebuilt, and the data listener takes the new `[listen]` limits
+The request path gets its parts typed and by name (`Collaborators`: scheduler,
+dedup, readiness, pool, observatory, metrics, the policy); the admission controller
+gets its arrival gate and the observed service times at construction. A policy
+reload rebuilds the arrival gate (and the latency windows when `[latency]`
+changed) and hands it to the scheduler with the policy in one call (queued requests
+survive), dedup takes the new policy, the request path is given a whole new
+`Collaborators` set, and the data listener takes the new `[listen]` limits
 (`Server.update_limits`: body and header caps and timeouts from the next request or
 phase, max_connections from the next accept, what h2 advertises in SETTINGS from the
 next connection). Listener addresses, the upstream list and the dedup store need a
@@ -42,6 +45,7 @@ from proxy.core.arrival import ArrivalGate
 from proxy.errors import StartupError
 from proxy.http.pool import UpstreamPool
 from proxy.http.server import FD_BASE_RESERVE, Server
+from proxy.metrics import Metrics
 from proxy.policy import shedding as shedding_policy
 from proxy.policy.schema import Listen, Policy
 from proxy.runtime import tracing as otel
@@ -52,11 +56,10 @@ from proxy.runtime.dedup import Dedup, build_store
 from proxy.runtime.drain import Drain
 from proxy.runtime.edge import Edge
 from proxy.runtime.gpu import GpuSampler
-from proxy.runtime.metrics import Metrics
 from proxy.runtime.observe import Observatory
 from proxy.runtime.readiness import UpstreamLifecycles
 from proxy.runtime.reload import PolicyReloader, PolicyVersion
-from proxy.runtime.request_path import RequestPath
+from proxy.runtime.request_path import Collaborators, RequestPath
 from proxy.runtime.scheduler import Scheduler
 from proxy.runtime.upstream_metrics import UpstreamMetricsReader
 
@@ -84,7 +87,7 @@ def listen_failure(exc: OSError) -> str:
         errno.EADDRNOTAVAIL: "no such address on this host",
         errno.EACCES: "permission denied (ports below 1024 need privileges)",
     }
-    return reasons.get(exc.errno, (exc.strerror or str(exc)).lower())
+    return reasons.get(exc.errno or 0, (exc.strerror or str(exc)).lower())
 
 
 def _restart_parts(p: Policy) -> tuple[tuple[str, object], ...]:
@@ -125,8 +128,11 @@ class App:
         rng: random.Random | None = None,
         nvml: Any = None,
         tracing: Any = ...,
+        pool: UpstreamPool | None = None,
+        lifecycles: UpstreamLifecycles | None = None,
     ) -> None:
-        """`tracing`: a proxy.runtime.tracing.Tracing, None (off), or ... (as the OTEL_* variables say)."""
+        """`tracing`: a proxy.runtime.tracing.Tracing, None (off), or ... (as the OTEL_* variables say).
+        `pool` and `lifecycles`: stand-ins for tests (default: built from the policy)."""
         self.policy = policy
         self.version = version
         self.policy_path = policy_path
@@ -136,13 +142,14 @@ class App:
         self.metrics = metrics = Metrics(registry, upstreams=[u.url for u in policy.upstreams])
         metrics.policy_version.set(version.version)
         metrics.build_info.labels(build.version(), build.python_version()).set(1)
-        self.pool = UpstreamPool(policy.upstreams, metrics=metrics)
-        self.scheduler = Scheduler(policy, rng=self.rng, metrics=metrics)
+        self.pool = pool if pool is not None else UpstreamPool(policy.upstreams, metrics=metrics)
         self.observatory = Observatory(policy.latency, metrics.registry)
-        self.gate: ArrivalGate | None = None
-        self._build_gate(policy)
+        self.gate = self._build_gate(policy, 0.0)
+        self.scheduler = Scheduler(
+            policy, rng=self.rng, metrics=metrics, gate=self.gate, service=self.observatory.service
+        )
         self.dedup = Dedup(policy.dedup, build_store(policy.dedup, metrics), metrics, rng=self.rng)
-        self.lifecycles = UpstreamLifecycles(policy, metrics=metrics)
+        self.lifecycles = lifecycles if lifecycles is not None else UpstreamLifecycles(policy, metrics=metrics)
         for warmer in self.lifecycles.warmers:  # warm-up probes seed the service-time model
             warmer.on_sample = self.scheduler.learn_probe
         self.gpu = GpuSampler(policy.gpu, metrics=metrics, nvml=nvml)
@@ -150,7 +157,7 @@ class App:
         self.batcher = Batcher(policy, metrics)
         # The engine's own gauges feed admission: engine_queue limit, gradient ceiling, cancel habit.
         self.upstream_metrics.on_reading = lambda i, s: self.scheduler.note_engine(i, s.running, s.waiting)
-        self.request_path = RequestPath(self)
+        self.request_path = RequestPath(self.collaborators())
         # Request ids, x-rampmeter-class, the access line, the span, the drain gate (proxy/runtime/edge.py).
         self.tracing = otel.from_environment(version=build.version()) if tracing is ... else tracing
         if self.tracing is not None:
@@ -194,21 +201,30 @@ class App:
     def __repr__(self) -> str:
         return f"<App policy v{self.version.version} from {self.version.source} draining={self.draining}>"
 
-    def _build_gate(self, policy: Policy) -> None:
-        """The arrival gate (shedding, quotas, deadline check), rebuilt whole on reload."""
-        ctl = self.scheduler.controller
+    def _build_gate(self, policy: Policy, pressure: float) -> ArrivalGate:
+        """The arrival gate (shedding, quotas, deadline check), rebuilt whole on reload; it also
+        gives queue-full answers the same jittered, bounded Retry-After as shed ones."""
         shedder = shedding_policy.shedder(policy.shedding, len(policy.classes), self.rng)
-        tenants = shedding_policy.tenant_quota(policy.tenants)
-        pressure = self.gate.gpu_memory_fraction if self.gate is not None else 0.0
-        self.gate = ArrivalGate(policy, shedder, tenants, self.observatory.service, ctl.models)
-        self.gate.gpu_memory_fraction = pressure
-        ctl.checks = [self.gate]
-        # Queue-full answers get the same jittered, bounded Retry-After as shed ones.
-        ctl.retry_after = lambda c, klass, now: shedder.retry_after(c.expected_wait_ms(klass, float("inf"), now))
+        gate = ArrivalGate(policy, shedder, shedding_policy.tenant_quota(policy.tenants))
+        gate.gpu_memory_fraction = pressure
+        return gate
+
+    def collaborators(self) -> Collaborators:
+        """The request path's parts for the policy in force."""
+        return Collaborators(
+            policy=self.policy,
+            scheduler=self.scheduler,
+            dedup=self.dedup,
+            readiness=self.lifecycles,
+            pool=self.pool,
+            observatory=self.observatory,
+            metrics=self.metrics,
+            batcher=self.batcher,
+        )
 
     async def run(self, data_address: str, admin_address: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with self.pool, trio.open_nursery() as nursery:
-            self.nursery = nursery
+            self.nursery = self.request_path.nursery = nursery
             await nursery.start(self.dedup.run)
             await nursery.start(self.lifecycles.run)
             await nursery.start(self.gpu.run)
@@ -280,15 +296,16 @@ class App:
         policy = keep_running(policy, old)
         self.policy, self.version = policy, version
         self.data_server.update_limits(policy.listen)
-        self.scheduler.apply_policy(policy)
         if policy.latency != old.latency:
             self.observatory.configure(policy.latency)  # new windows, samples start over
-        self._build_gate(policy)
+        self.gate = self._build_gate(policy, self.gate.gpu_memory_fraction)
+        self.scheduler.apply_policy(policy, self.gate, self.observatory.service)
         self.dedup.policy = policy.dedup
         self.batcher.configure(policy)
         self.edge.access_log.configure(policy.access_log, policy.tenants)
         self.edge.draining_retry_after_ms = policy.readiness.retry_after_ms
         self.lifecycles.update_policy(policy)
+        self.request_path.update(self.collaborators())
         self.metrics.policy_version.set(version.version)
 
     # --- introspection ---------------------------------------------------

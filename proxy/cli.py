@@ -60,7 +60,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         text = action.help or ""
         if "default" in text.lower() or action.default in (None, argparse.SUPPRESS) or isinstance(action.default, bool):
             return text
-        return super()._get_help_string(action)
+        return super()._get_help_string(action) or ""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,8 +23,8 @@ import trio
 from proxy.errors import PolicyError, StartupError
 from proxy.policy.load import load_policy, policy_from_builtins
 from proxy.policy.schema import Policy
+from proxy.ready import print_ready
 from proxy.runtime.reload import PolicyVersion, digest
-from proxy.testing.procs import print_ready
 
 log = logging.getLogger("rampmeter")
 

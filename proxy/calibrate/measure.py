@@ -376,9 +376,9 @@ def _route(
         # Differences cancel the chat template's own tokens.
         chars = (reported[-1][0] - reported[0][0]) / (reported[-1][1] - reported[0][1])
     fills = [
-        usage[s.label].completion_tokens / s.max_tokens
+        completion / s.max_tokens
         for s in shapes
-        if s.max_tokens and usage[s.label].completion_tokens is not None
+        if s.max_tokens and (completion := usage[s.label].completion_tokens) is not None
     ]
     fill = min(1.0, stats_.fmean(fills)) if fills else None
     return RouteCalibration(endpoint, coefficients, figures, chars, fill)

@@ -91,8 +91,9 @@ def _upstream(add, cal: Calibration) -> None:
     add(f"# Seconds: 20 x the slowest request measured alone ({cal.long_label}: {longest:,.0f} ms), at least 60.")
     add(f"timeout_s = {max(60.0, math.ceil(20 * longest / 1000.0)):.1f}")
     verdict = {True: "stops working on a request whose client left", False: "keeps computing after a disconnect"}
-    said = verdict.get(cal.stops_on_cancel, "undecided: learn it while serving")
-    value = {True: "true", False: "false"}.get(cal.stops_on_cancel, '"auto"')
+    stops = cal.stops_on_cancel
+    said = "undecided: learn it while serving" if stops is None else verdict[stops]
+    value = '"auto"' if stops is None else ("true" if stops else "false")
     add(f"# Cancel trials: the limit's worth of {cal.long_label} requests ({cal.long_alone_ms:,.0f} ms alone),")
     add(f"# their connections closed {int(100 * CANCEL_AT)} % in; then")
     for t in cal.cancel_trials:

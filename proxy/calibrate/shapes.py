@@ -83,6 +83,7 @@ def shapes_for(endpoint: Endpoint, model: str | None) -> tuple[CalShape, ...]:
     if k == "fixed":
         shape = Shape(f"fixed:{p}", p, endpoint.body, method=endpoint.method)
         return (CalShape(shape, k, 0, 0),)
+    sizes: tuple[tuple[str, int, int], ...]
     if k == "embeddings":
         sizes = (("short", EMBED_SHORT, 0), ("long_input", EMBED_LONG, 0))
     else:

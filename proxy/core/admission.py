@@ -4,15 +4,24 @@ Theory of operation (decide under bookkeeping, act outside): every method takes
 `now` and returns decision values (proxy/core/decisions.py); the trio layer
 (proxy/runtime/scheduler.py) wakes the waiters those decisions name.
 
-- `arrive(ticket, now)`: a past deadline is rejected (DEADLINE_EXPIRED); then the pre-enqueue
-  `checks` run in list order (each `(controller, ticket, now) -> Reject | None`;
-  shedding and deadline rules plug in here); then, with nobody waiting, the
-  ticket is placed at once if some upstream has room. Otherwise it joins its
+- `arrive(ticket, now)`: a past deadline is rejected (DEADLINE_EXPIRED); then the expected
+  service time is computed, once (`service_ms`: the observed p99 of the ticket's cost
+  bucket, else the model's estimate, never below the censored floor of its shape), and
+  the arrival `gate` given at construction (proxy/core/arrival.py: tenant quota, shedding
+  rules, the deadline check) judges the ticket from that figure and the load estimator
+  (proxy/core/load.py), never calling back into the controller; then, with nobody
+  waiting, the ticket is placed at once if some upstream has room. Otherwise it joins its
   class queue and a dispatch round runs (it may still be first in line, or fit a
   reserved slot); if it is still waiting and its class is over
   `max_queue_length`, it leaves again with Reject(QUEUE_FULL). One that would
   have to wait but is already past its expiry time (it cannot afford any wait)
   leaves with Reject(DEADLINE_UNMEETABLE).
+- Dequeue: every admission tells the gate (`gate.dequeued`: CoDel sees each queue wait
+  where it ends), and the lease carries `service_ms`: the arrival's figure for a ticket
+  admitted at once, a fresh one for a queued ticket (floors may have risen while it
+  waited). A queued ticket of an on_unmeetable = "reject" class whose remaining time no
+  longer covers that figure is not admitted: it expires (docs/shedding.md, the arrival
+  rule again at dequeue); "try" classes go ahead while any time is left.
 - Dispatch round (after every event that can free room): offer the slot to
   overdue entries first (past their due time: `scheduling.fcfs_wait_multiple`
   times the FCFS wait they faced at arrival, `fcfs_wait_ms`, or their class's
@@ -56,9 +65,10 @@ new unit and reservations; a changed `[limits]` section restarts the limits.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Any, Protocol
 
+from proxy.core import deadline as dl
 from proxy.core.balancer import Balancer
 from proxy.core.capacity import Capacity
 from proxy.core.cost import Cost, CostEstimator
@@ -74,11 +84,10 @@ from proxy.core.decisions import (
     Ticket,
 )
 from proxy.core.limits import make_limit
+from proxy.core.load import LoadEstimator
 from proxy.core.phantoms import STOPS, CancelHabit, Phantoms
-from proxy.core.quantiles import WindowedQuantiles
-from proxy.core.rates import DecayedRate
+from proxy.core.quantiles import LatencyFamily, cost_bucket
 from proxy.core.service_model import ServiceModels
-from proxy.core.shedding import LoadSnapshot
 from proxy.core.sjf import Entry
 from proxy.core.waitline import Waitline
 from proxy.core.wire import Reason
@@ -86,10 +95,27 @@ from proxy.core.wire import Reason
 if TYPE_CHECKING:
     import random
 
-Check = Callable[["AdmissionController", Ticket, float], "Reject | None"]
+    from proxy.core.phantoms import Phantom
+    from proxy.policy.schema import Policy
+
+
+class Gate(Protocol):
+    """The arrival rules (proxy/core/arrival.py ArrivalGate), as the controller uses them."""
+
+    def __call__(self, ticket: Ticket, now: float, load: LoadEstimator, service_ms: float) -> Reject | None:
+        """None to go on, or why the ticket is refused at arrival."""
+        ...
+
+    def retry_after(self, wait_ms: float) -> int:
+        """Retry-After (ms) for a full queue whose back waits `wait_ms`."""
+        ...
+
+    def dequeued(self, klass: str, wait_ms: float, now: float) -> None:
+        """A ticket of `klass` left the queue for upstream after `wait_ms`."""
+        ...
+
 
 _NOTHING_OBSERVED = Observed()
-MAX_RHO = 0.95  # the largest share of capacity higher classes are taken to need (a 20x stretch)
 # A ticket that would have to queue but cannot afford any wait (now >= its expiry time).
 _NO_TIME_TO_WAIT = Reject(Reason.DEADLINE_UNMEETABLE, None, "the deadline leaves no time to wait for a slot")
 
@@ -97,42 +123,42 @@ _NO_TIME_TO_WAIT = Reject(Reason.DEADLINE_UNMEETABLE, None, "the deadline leaves
 class AdmissionController:
     def __init__(
         self,
-        policy,
+        policy: Policy,
         upstream_count: int | None = None,
         rng: random.Random | None = None,
         *,
         balancer: Balancer | None = None,
+        gate: Gate | None = None,
+        service: LatencyFamily | None = None,
     ) -> None:
-        """`rng` breaks the balancer's ties; give one, or a ready `balancer`."""
+        """`rng` breaks the balancer's ties; give one, or a ready `balancer`. `gate`: the arrival
+        rules (none: every arrival goes on); `service`: observed service times per (route, cost
+        bucket), the p99 the deadline rules read (none: the model's estimates alone)."""
         self.upstream_count = n = upstream_count or len(policy.upstreams)
         if balancer is None:
             if rng is None:
                 raise ValueError("an injected random.Random (rng) or a balancer is required")
             balancer = Balancer(n, _cooldowns(policy, n), rng=rng)
         self.balancer = balancer
-        # Pre-enqueue hooks, run in order: (controller, ticket, now) -> Reject | None.
-        self.checks: list[Check] = []
-        self.retry_after: Callable[[AdmissionController, str, float], int] = default_retry_after
+        self.gate, self.service = gate, service
         self._ticket_ids, self._lease_ids = itertools.count(1), itertools.count(1)
         self._leases: dict[int, Lease] = {}
         self._charges: dict[int, int] = {}  # lease id -> units charged now (re-counted on reload)
         self._outbox: list[Admit | Expired] = []
         self._newcomer: int | None = None  # the ticket whose own decision arrive() returns
         self._newcomer_admit: Admit | None = None
-        self._inflight_expected_ms = 0.0
+        self._newcomer_service_ms = 0.0
         self.phantoms = Phantoms()
         self.habits: list[CancelHabit] = []
         self._probes: dict[str, int] = {}  # route -> its unjudged requests upstream
         self._probe_leases: set[int] = set()
-        self._work_in: dict[str, DecayedRate] = {}  # per class: expected ms of work arriving per second
         self._now = 0.0
-        self.counts = {"admitted": 0, "expired": 0, "abandoned": 0, "released": 0, "phantoms": 0, "rejected": {}}
+        self.counts = {"admitted": 0, "expired": 0, "abandoned": 0, "released": 0, "phantoms": 0}
+        self.rejected: dict[str, int] = {}  # reason -> count
         self.models = ServiceModels()
-        # Completed requests' service time, all routes: the backend's own time scale for shedding.
-        self.service_times = WindowedQuantiles(window_s=60.0, sub_windows=6, refresh_s=1.0)
-        self.policy = None
         self.waitline = Waitline(policy.scheduling, policy.classes)
-        self._configure(policy, 0.0)
+        self.load: LoadEstimator | None = None  # built by _configure, once capacity exists
+        self._configure(policy, None, 0.0)
 
     # --- arrival ----------------------------------------------------------
 
@@ -152,7 +178,7 @@ class AdmissionController:
         self,
         klass: str,
         cost: Cost,
-        deadline: float | None = None,
+        deadline: float = math.inf,
         budget_ms: int | None = None,
         tenant: bytes = b"",
         now: float | None = None,
@@ -169,30 +195,31 @@ class AdmissionController:
         line = self.waitline
         if line.get(ticket.id) is not None:
             raise ValueError(f"ticket {ticket.id} is already queued")
-        if ticket.deadline is not None and now >= ticket.deadline:
+        if now >= ticket.deadline:
             return self._reject(Reject(Reason.DEADLINE_EXPIRED, None, "the deadline passed before admission"))
-        for check in self.checks:
-            verdict = check(self, ticket, now)
+        load = self._load
+        service_ms = self.service_ms(ticket, now)
+        if self.gate is not None:
+            verdict = self.gate(ticket, now, load, service_ms)
             if verdict is not None:
                 return self._reject(verdict)
         alone = not len(line)
         if alone and not self._held(ticket):
             placed = self._place(ticket, now, reserve_only=False)
             if placed is not None:
-                self._note_work(ticket, now)
-                return self._admit(ticket, placed, now, now)
-        inflight = sum(self.capacity.requests)
-        slot_ms = max(ticket.expected_ms, self._inflight_expected_ms / inflight if inflight else 0.0)
-        entry = line.push(ticket, now, fcfs_wait_ms=self.fcfs_wait_ms(now), slot_ms=slot_ms)
-        self._arrivals.add(now)
+                load.accepted(ticket, now)
+                return self._admit(ticket, placed, now, now, service_ms)
+        slot_ms = load.slot_ms(ticket.expected_ms)
+        entry = line.push(ticket, now, fcfs_wait_ms=load.fcfs_wait_ms(now), slot_ms=slot_ms)
+        load.arrived(now)
         if not alone:  # alone, it just failed to fit: a round would fail the same way
-            self._newcomer, self._newcomer_admit = ticket.id, None
+            self._newcomer, self._newcomer_admit, self._newcomer_service_ms = ticket.id, None, service_ms
             try:
                 self._dispatch(now)
             finally:
                 self._newcomer = None
             if self._newcomer_admit is not None:
-                self._note_work(ticket, now)
+                load.accepted(ticket, now)
                 return self._newcomer_admit
         expires_at = line.expires_at(ticket)
         if expires_at is not None and now >= expires_at:  # it must wait, and cannot afford to
@@ -200,15 +227,11 @@ class AdmissionController:
             return self._reject(_NO_TIME_TO_WAIT)
         if line.depth(ticket.klass) > line.classes[ticket.klass].max_queue_length:
             self._remove(entry)
-            return self._reject(
-                Reject(
-                    Reason.QUEUE_FULL,
-                    self.retry_after(self, ticket.klass, now),
-                    f"the {ticket.klass} queue is full",
-                )
-            )
-        self._note_work(ticket, now)  # accepted work only: it is what takes slots
-        wait = self.expected_wait_ms(ticket.klass, ticket.expected_ms, now, exclude=entry)
+            back_ms = load.expected_wait_ms(ticket.klass, float("inf"), now)
+            retry_ms = default_retry_after(back_ms) if self.gate is None else self.gate.retry_after(back_ms)
+            return self._reject(Reject(Reason.QUEUE_FULL, retry_ms, f"the {ticket.klass} queue is full"))
+        load.accepted(ticket, now)  # accepted work only: it is what takes slots
+        wait = load.expected_wait_ms(ticket.klass, ticket.expected_ms, now, exclude=entry)
         return Enqueue(ticket, line.depth(ticket.klass), wait, expires_at)
 
     # --- events that free room or end waits -------------------------------
@@ -229,22 +252,25 @@ class AdmissionController:
         i, t = lease.upstream, lease.ticket
         inflight = self.capacity.used[i]
         charge = self._charges.pop(lease.id)
-        self._inflight_expected_ms -= t.expected_ms
+        load = self._load
+        load.inflight_expected_ms -= t.expected_ms
         cut = outcome is Outcome.CANCELLED and rtt_ms is not None
-        if cut:  # cut after rtt_ms upstream: a censored sample, and maybe work the backend still does
+        if (
+            cut and rtt_ms is not None
+        ):  # cut after rtt_ms upstream: a censored sample, and maybe work the backend still does
             self.models.censored(t.cost.route, t.cost.prompt_tokens, t.cost.output_tokens, rtt_ms, now)
-        remaining = self._remaining_ms(lease, rtt_ms, now) if cut else 0.0
+        remaining = self._remaining_ms(lease, rtt_ms, now) if cut and rtt_ms is not None else 0.0
         if remaining > 0.0:
             self.phantoms.add(lease, charge, now, remaining)
             self._charges[lease.id] = charge  # still charged, re-counted on reload
-            self._inflight_expected_ms += remaining
+            load.inflight_expected_ms += remaining
             self.counts["phantoms"] += 1
         else:
             self.capacity.give(i, t.klass, charge)
         if lease.id in self._probe_leases:
             self._probe_leases.discard(lease.id)
             self._probes[t.cost.route] -= 1
-        self._drain.add(now)
+        load.released(now)
         self.counts["released"] += 1
         if outcome is Outcome.REFUSED:
             self.balancer.mark_refused(i, now)
@@ -259,7 +285,7 @@ class AdmissionController:
                 else 1
             )
             self.capacity.limits[i].on_sample(now, rtt_ms / per, inflight, False)
-            self.service_times.record(rtt_ms, now)
+            load.completed(rtt_ms, now)
             c, o = t.cost, observed or _NOTHING_OBSERVED
             self.models.learn(
                 c.route,
@@ -293,10 +319,10 @@ class AdmissionController:
             self._end_phantom(p)
         return bool(ended)
 
-    def _end_phantom(self, p) -> None:
+    def _end_phantom(self, p: Phantom) -> None:
         lease = p.lease
         self.capacity.give(lease.upstream, lease.ticket.klass, self._charges.pop(lease.id))
-        self._inflight_expected_ms -= p.remaining_ms
+        self._load.inflight_expected_ms -= p.remaining_ms
 
     def next_phantom_end(self) -> float | None:
         """When the next phantom lease ends (None: none held)."""
@@ -349,7 +375,7 @@ class AdmissionController:
         freed = self._settle(now)
         due = self.waitline.pop_due(now)
         for _ in due:
-            self._leaves.add(now)
+            self._load.left(now)
         self.counts["expired"] += len(due)
         if due or freed:
             self._dispatch(now)
@@ -387,7 +413,7 @@ class AdmissionController:
 
     def _held(self, ticket: Ticket) -> bool:
         """Waits for its route's first answer (see "Unjudged routes" in the module docstring)."""
-        if ticket.deadline is None:
+        if ticket.deadline == math.inf:  # no deadline (probes, tests): nothing to protect
             return False
         route = ticket.cost.route
         return self._probes.get(route, 0) >= self._unjudged_in_flight and not self.models.judged(route)
@@ -403,14 +429,19 @@ class AdmissionController:
     def _place(self, ticket: Ticket, now: float, reserve_only: bool) -> tuple[int, int] | None:
         return self.capacity.place(ticket.klass, self._units(ticket), now, self.balancer, reserve_only)
 
-    def _admit(self, ticket: Ticket, placed: tuple[int, int], now: float, enqueued_at: float) -> Admit:
+    def _admit(
+        self, ticket: Ticket, placed: tuple[int, int], now: float, enqueued_at: float, service_ms: float
+    ) -> Admit:
         i, charge = placed
-        lease = Lease(next(self._lease_ids), ticket, i, charge, now, (now - enqueued_at) * 1000.0)
+        queue_ms = (now - enqueued_at) * 1000.0
+        lease = Lease(next(self._lease_ids), ticket, i, charge, now, queue_ms, service_ms)
+        if self.gate is not None:
+            self.gate.dequeued(ticket.klass, queue_ms, now)
         self.capacity.take(i, ticket.klass, charge)
         self._leases[lease.id] = lease
         self._charges[lease.id] = charge
-        self._inflight_expected_ms += ticket.expected_ms
-        if ticket.deadline is not None and not self.models.judged(ticket.cost.route):
+        self._load.inflight_expected_ms += ticket.expected_ms
+        if ticket.deadline != math.inf and not self.models.judged(ticket.cost.route):
             self._probe_leases.add(lease.id)
             self._probes[ticket.cost.route] = self._probes.get(ticket.cost.route, 0) + 1
         self.counts["admitted"] += 1
@@ -440,7 +471,16 @@ class AdmissionController:
                 if weighted_pick:
                     line.commit(t.klass)
                 self._remove(entry)
-                admit = self._admit(t, placed, now, entry.enqueued_at)
+                if t.id == self._newcomer:  # judged a moment ago, from the same figure
+                    service_ms = self._newcomer_service_ms
+                else:
+                    service_ms = self.service_ms(t, now)
+                    if self._too_late(t, now, service_ms):  # likely cut at its deadline: not started
+                        self.counts["expired"] += 1
+                        self._outbox.append(Expired(t, (now - entry.enqueued_at) * 1000.0))
+                        progressed = True
+                        break
+                admit = self._admit(t, placed, now, entry.enqueued_at, service_ms)
                 if t.id == self._newcomer:
                     self._newcomer_admit = admit
                 else:
@@ -452,24 +492,53 @@ class AdmissionController:
 
     def _remove(self, entry: Entry) -> None:
         self.waitline.remove(entry)
-        self._leaves.add(self._now)
+        self._load.left(self._now)
+
+    def _too_late(self, ticket: Ticket, now: float, service_ms: float) -> bool:
+        """The arrival's deadline rule again at dequeue, for on_unmeetable = "reject" classes: the
+        queue's own expiry uses the mean expected time; work that would likely be cut at its
+        deadline is not started (docs/shedding.md). "try" classes go ahead while time is left."""
+        cls = self.waitline.classes.get(ticket.klass)
+        return cls is not None and cls.on_unmeetable == "reject" and dl.should_expire(now, ticket.deadline, service_ms)
+
+    def service_ms(self, ticket: Ticket, now: float) -> float:
+        """The service time the deadline rules plan with: the observed p99 of the ticket's cost
+        bucket, else the model's estimate; never below the censored floor of its shape (the p99
+        of the requests that finished is a survivor's figure when most are cut, core/censored.py)."""
+        c = ticket.cost
+        p99 = None if self.service is None else self.service.quantile((c.route, cost_bucket(c.units)), 0.99, now)
+        estimate = dl.service_estimate_ms(p99, ticket.expected_ms)
+        return max(estimate, self.models.floor_ms(c.route, c.prompt_tokens, c.output_tokens, now))
+
+    @property
+    def _load(self) -> LoadEstimator:
+        load = self.load
+        assert load is not None  # built in __init__ (by _configure)
+        return load
 
     def _reject(self, verdict: Reject) -> Reject:
-        rejected = self.counts["rejected"]
+        rejected = self.rejected
         rejected[verdict.reason.value] = rejected.get(verdict.reason.value, 0) + 1
         return verdict
 
     # --- policy -----------------------------------------------------------
 
-    def apply_policy(self, policy, now: float) -> list[Admit | Expired]:
-        """Swap the policy; queued tickets and leases survive (see the module docstring)."""
+    def apply_policy(
+        self, policy: Policy, now: float, gate: Gate | None = None, service: LatencyFamily | None = None
+    ) -> list[Admit | Expired]:
+        """Swap the policy, with the arrival gate and service-time family built for it (None: keep
+        the ones in force); queued tickets and leases survive (see the module docstring)."""
         self._now = now
-        self._configure(policy, now)
+        if gate is not None:
+            self.gate = gate
+        if service is not None:
+            self.service = service
+        self._configure(policy, self.policy, now)
         self._dispatch(now)
         return self.take_woken()
 
-    def _configure(self, policy, now: float) -> None:
-        old, self.policy = self.policy, policy
+    def _configure(self, policy: Policy, old: Policy | None, now: float) -> None:
+        self.policy = policy
         sched, limits = policy.scheduling, policy.limits
         self._unit_requests = limits.unit == "requests"
         self._per_token = limits.latency_measure == "ms_per_token"
@@ -482,14 +551,16 @@ class AdmissionController:
             sched.model_prior_samples,
         )
         self._configure_capacity(policy, old)
-        if old is None or old.scheduling.drain_window_s != sched.drain_window_s:
-            self._drain, self._arrivals, self._leaves = (DecayedRate(sched.drain_window_s) for _ in range(3))
-            self._work_in = {}
+        if self.load is None:
+            self.load = LoadEstimator(policy, self.waitline, self.capacity)
+        else:
+            self.load.capacity = self.capacity  # rebuilt by _configure_capacity
+            self.load.configure(policy)
         if len(policy.upstreams) == self.upstream_count:
             self.balancer.set_cooldowns(_cooldowns(policy, self.upstream_count))
         self._configure_habits(policy)
 
-    def _configure_habits(self, policy) -> None:
+    def _configure_habits(self, policy: Policy) -> None:
         """One CancelHabit per upstream; what "auto" learned survives a reload that keeps "auto"."""
         ups = getattr(policy, "upstreams", ())
         settings = [ups[i].stops_on_cancel if i < len(ups) else "auto" for i in range(self.upstream_count)]
@@ -499,7 +570,7 @@ class AdmissionController:
             for i, setting in enumerate(settings)
         ]
 
-    def _configure_capacity(self, policy, old) -> None:
+    def _configure_capacity(self, policy: Policy, old: Policy | None) -> None:
         """New limits if [limits] changed; in-flight leases re-counted under the new unit and reservations."""
         n = self.upstream_count
         previous = getattr(self, "capacity", None)
@@ -513,86 +584,10 @@ class AdmissionController:
         held = [*self._leases.values(), *(p.lease for p in self.phantoms)]
         self._charges = cap.recount((lz.id, lz.upstream, lz.ticket.klass, self._units(lz.ticket)) for lz in held)
 
-    # --- what deadlines and shedding read ---------------------------------
-
-    def expected_wait_ms(self, klass: str, expected_ms: float, now: float, exclude: Entry | None = None) -> float:
-        """Queue wait a would-be arrival of `klass` and `expected_ms` faces (fluid estimate).
-
-        0 when it would be placed at once; else the waiting work served before it
-        (Waitline.work_ahead_ms) plus half the expected work in flight (the mean
-        residual), over the requests in flight (the parallelism that drains it).
-        """
-        nobody_waits = not len(self.waitline) or (exclude is not None and len(self.waitline) == 1)
-        if nobody_waits and any(self.capacity.fits(i, klass, 1) is not None for i in range(len(self.capacity))):
-            return 0.0
-        ahead = self.waitline.work_ahead_ms(klass, expected_ms, exclude)
-        wait = (ahead + self._inflight_expected_ms / 2.0) / max(1, sum(self.capacity.requests))
-        return wait * self.overtaking_factor(klass, now)
-
-    def fcfs_wait_ms(self, now: float) -> float:
-        """The wait FCFS would give an arrival now: all waiting work, plus half the work in flight
-        (the mean residual), over the parallelism (requests in flight, or the limit when it
-        counts requests: what drains a standing queue). On a serial server this is the work in
-        the system, which no work-conserving order changes. It sets the arrival's due time
-        (the starvation bound, proxy/core/sjf.py)."""
-        cap = self.capacity
-        parallel = sum(cap.requests)
-        if self._unit_requests:
-            parallel = max(parallel, sum(cap.limit(i) for i in range(len(cap))))
-        return (self.waitline.backlog_ms() + self._inflight_expected_ms / 2.0) / max(1, parallel)
-
-    def _note_work(self, ticket: Ticket, now: float) -> None:
-        rate = self._work_in.get(ticket.klass)
-        if rate is None:
-            rate = self._work_in[ticket.klass] = DecayedRate(self.policy.scheduling.drain_window_s)
-        rate.add(now, ticket.expected_ms)
-
-    def overtaking_factor(self, klass: str, now: float) -> float:
-        """1 / (1 - rho): under strict class priority, work arriving in higher classes while
-        a request waits is served before it (the M/G/1 priority-queue stretch), with rho the
-        share of the parallelism that work needs (requests in flight, as in the wait itself,
-        so it reads the same whether the limit counts requests or tokens). Without it a batch request queued behind
-        interactive traffic at capacity was promised a wait it never got: it waited out its
-        deadline (bench/overload at 2x: 82 batch 504s after ~9 s) instead of hearing 503 at
-        arrival. rho is capped at MAX_RHO (a finite estimate for Retry-After)."""
-        classes = self.waitline.classes
-        if self.policy.scheduling.class_mode != "strict" or klass not in classes:
-            return 1.0
-        mine = classes[klass].priority
-        work_ms_per_s = sum(
-            rate.rate(now) for name, rate in self._work_in.items() if name in classes and classes[name].priority < mine
-        )
-        if not work_ms_per_s:
-            return 1.0
-        rho = min(MAX_RHO, work_ms_per_s / 1000.0 / max(1, sum(self.capacity.requests)))
-        return 1.0 / (1.0 - rho)
-
-    def load_snapshot(self, now: float, ranked: tuple[str, ...], gpu_memory_fraction: float = 0.0) -> LoadSnapshot:
-        """What the shedding rules read, per arrival: O(classes + upstreams), no dicts."""
-        queues = self.waitline.queues
-        depths, waits = [], []
-        for name in ranked:
-            q = queues[name]
-            depths.append(q.live)
-            waits.append((now - q.oldest().enqueued_at) * 1000.0 if q.live else 0.0)
-        cap = self.capacity
-        return LoadSnapshot(
-            tuple(depths),
-            max(waits, default=0.0),
-            sum(cap.requests),
-            sum(cap.limit(i) for i in range(len(cap))),
-            self._arrivals.rate(now) - self._leaves.rate(now),
-            self._drain.rate(now),
-            gpu_memory_fraction,
-            head_wait_by_class=tuple(waits),
-            service_p50_ms=self.service_times.quantile(0.5, now) or 0.0,
-            service_p99_ms=self.service_times.quantile(0.99, now) or 0.0,
-        )
-
-    def statistics(self, now: float | None = None) -> dict:
+    def statistics(self, now: float | None = None) -> dict[str, Any]:
         now = self._now if now is None else now
         classes = self.waitline.statistics(now)
-        arrivals, leaves = self._arrivals.rate(now), self._leaves.rate(now)
+        arrivals, leaves, drain = self._load.rates(now)
         cap = self.capacity
         return {
             "order": self.policy.scheduling.order,
@@ -606,10 +601,10 @@ class AdmissionController:
             "inflight_requests": sum(cap.requests),
             "inflight_units": sum(cap.used),
             "limit_total": sum(cap.limit(i) for i in range(len(cap))),
-            "drain_rate_per_s": self._drain.rate(now),
+            "drain_rate_per_s": drain,
             "queue_growth_per_s": arrivals - leaves,
             "queue_growing": bool(len(self.waitline)) and arrivals > leaves,
-            "counts": {**self.counts, "rejected": dict(self.counts["rejected"])},
+            "counts": {**self.counts, "rejected": dict(self.rejected)},
             "phantoms": self.phantoms.statistics(now),
             "stops_on_cancel": [h.state == STOPS if h.state != "unknown" else "auto" for h in self.habits],
             "models": self.models.statistics(now),
@@ -636,16 +631,12 @@ def latency_tokens(ticket: Ticket, observed: Observed | None, fill: float) -> in
     return max(1, prompt)
 
 
-def default_retry_after(ctl: AdmissionController, klass: str, now: float) -> int:
-    """Retry-After for a full queue: the wait at the back of the class's queue, 0.5-60 s.
-
-    The shedding rules (proxy/core/retry_after.py) bring jitter and policy bounds;
-    assign `controller.retry_after` to use them.
-    """
-    wait = ctl.expected_wait_ms(klass, float("inf"), now)
-    return int(min(60_000.0, max(500.0, wait)))
+def default_retry_after(wait_ms: float) -> int:
+    """Retry-After for a full queue without a gate: the wait at the back of the class's queue,
+    0.5-60 s. The gate's (proxy/core/retry_after.py) brings jitter and the policy's bounds."""
+    return int(min(60_000.0, max(500.0, wait_ms)))
 
 
-def _cooldowns(policy, n: int) -> list[float] | float:
+def _cooldowns(policy: Policy, n: int) -> list[float] | float:
     ups = getattr(policy, "upstreams", ())
     return [u.cooldown_s for u in ups] if len(ups) == n else (ups[0].cooldown_s if ups else 5.0)

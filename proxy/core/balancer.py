@@ -19,7 +19,7 @@ Pure: time is the `now` argument (seconds), randomness is injected.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import random
@@ -75,7 +75,7 @@ class Balancer:
             pool = [i for i in pool if outstanding[i] == least]
         return pool[0] if len(pool) == 1 else pool[self._rng.randrange(len(pool))]
 
-    def statistics(self, now: float | None = None) -> dict:
+    def statistics(self, now: float | None = None) -> dict[str, Any]:
         return {
             "upstreams": self.count,
             "cooldown_until": [t if t != float("-inf") else None for t in self._until],

@@ -146,7 +146,7 @@ def _usage(raw: Raw | None, parts: Sequence[Part]) -> list[Raw | None]:
         v = _any(value)
         if isinstance(v, int) and not isinstance(v, bool):
             shares[name] = apportion(v, weights)
-    out = []
+    out: list[Raw | None] = []
     for j in range(len(parts)):
         out.append(Raw(_encode({k: Raw(b"%d" % shares[k][j]) if k in shares else v for k, v in usage.items()})))
     return out
@@ -164,8 +164,9 @@ def _blame(body: bytes, parts: Sequence[Part]) -> tuple[int, bytes] | None:
         if start <= index < start + p.count:
             local = index - start
 
-            def renumber(m: re.Match, _i=index, _l=local) -> bytes:
-                return m.group(1) + b"[%d]" % _l if int(m.group(2)) == _i else m.group(0)
+            def renumber(m: re.Match[bytes], _i: int = index, _l: int = local) -> bytes:
+                renumbered: bytes = m.group(1) + b"[%d]" % _l if int(m.group(2)) == _i else m.group(0)
+                return renumbered
 
             return j, _NAMED_INDEX.sub(renumber, body)
     return None
@@ -188,6 +189,8 @@ class EmbeddingsCodec:
             value = _any(raw)
         except msgspec.DecodeError:
             return Unbatchable("not_json_object")
+        items: tuple[Raw, ...]
+        tokens: tuple[int, ...]
         if isinstance(value, str):
             items, tokens, kind = (raw,), (text_tokens(len(value), self.cpt),), b"embeddings/text"
         elif _token_ids(value):
@@ -263,8 +266,8 @@ class RerankCodec:
         if top_n is not None and (not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 0):
             return Unbatchable("input_shape")
         fields = {k: v for k, v in obj.items() if k not in ("documents", "top_n")}
-        tokens = tuple(text_tokens(len(query) + len(t), self.cpt) for t in texts)
-        return Part(_key(b"rerank", fields), tuple(docs_raw), tokens, fields, top_n)
+        tokens = tuple(text_tokens(len(query) + len(str(t)), self.cpt) for t in texts)  # all str (checked above)
+        return Part(_key(b"rerank", fields), tuple(docs_raw or ()), tokens, fields, top_n)
 
     def merge(self, parts: Sequence[Part]) -> bytes:
         return _encode({**parts[0].fields, "documents": [raw for p in parts for raw in p.items]})
@@ -272,7 +275,7 @@ class RerankCodec:
     def split(self, body: bytes, parts: Sequence[Part]) -> list[bytes]:
         bare = body.lstrip()[:1] == b"["
         try:
-            obj = None if bare else _obj(body)
+            obj: dict[str, Raw] = {} if bare else _obj(body)
             results = _obj_list(body if bare else obj["results"])
             indices = [_int(r["index"]) for r in results]
         except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError) as exc:
@@ -280,7 +283,7 @@ class RerankCodec:
         total = sum(p.count for p in parts)
         if len(results) != total or set(indices) != set(range(total)):
             raise SplitError(f"{len(results)} rerank results answered for {total} documents")
-        usages = [None] * len(parts) if bare else _usage(obj.get("usage"), parts)
+        usages: list[Raw | None] = [None] * len(parts) if bare else _usage(obj.get("usage"), parts)
         out = []
         for start, p, usage in zip(offsets(parts), parts, usages, strict=True):
             mine = [
@@ -293,7 +296,7 @@ class RerankCodec:
             if bare:
                 out.append(_encode(mine))
                 continue
-            answer = {**obj, "results": mine}
+            answer: dict[str, Any] = {**obj, "results": mine}
             if usage is not None:
                 answer["usage"] = usage
             out.append(_encode(answer))
@@ -385,7 +388,7 @@ class KServeV2Codec:
                 width = math.prod(tail)
                 rows_data = data[start * width : (start + p.count) * width]
                 mine.append({**out, "shape": Raw(_encode([p.count, *tail])), "data": Raw(_encode(rows_data))})
-            answer = {k: v for k, v in obj.items() if k != "id"}
+            answer: dict[str, Any] = {k: v for k, v in obj.items() if k != "id"}
             own_id = p.extra[0]
             if own_id is not None:
                 answer = {"id": own_id, **answer}

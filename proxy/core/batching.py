@@ -61,6 +61,7 @@ import bisect
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Any
 
 from proxy.core.rates import DecayedRate
 
@@ -400,7 +401,7 @@ class BatchFormer:
     def waiting(self) -> int:
         return len(self._where)
 
-    def statistics(self, now: float) -> dict:
+    def statistics(self, now: float) -> dict[str, Any]:
         a, b = self.curve.coefficients()
         return {
             "in_flight": self.in_flight,

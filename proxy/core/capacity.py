@@ -32,6 +32,14 @@ Pure bookkeeping; the controller decides, the balancer picks among fitting upstr
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from proxy.core.balancer import Balancer
+    from proxy.core.limits import Limit
+
 
 class Capacity:
     __slots__ = (
@@ -45,7 +53,7 @@ class Capacity:
         "used",
     )
 
-    def __init__(self, limits: list, reserved: dict[str, int]) -> None:
+    def __init__(self, limits: list[Limit], reserved: dict[str, int]) -> None:
         n = len(limits)
         self.limits = limits
         self.factors = [1.0] * n
@@ -113,7 +121,9 @@ class Capacity:
             return None
         return charge
 
-    def place(self, klass: str, units: int, now: float, balancer, reserve_only: bool = False) -> tuple[int, int] | None:
+    def place(
+        self, klass: str, units: int, now: float, balancer: Balancer, reserve_only: bool = False
+    ) -> tuple[int, int] | None:
         """(upstream, units charged) with room, the balancer choosing among those that fit; or None."""
         if len(self.limits) == 1:  # nothing to choose; a lone cooling upstream is still the best one
             charge = self.fits(0, klass, units, reserve_only)
@@ -142,16 +152,16 @@ class Capacity:
         self.used[i] -= charge
         self.requests[i] -= 1
 
-    def recount(self, leases) -> dict[int, int]:
+    def recount(self, leases: Iterable[tuple[int, int, str, int]]) -> dict[int, int]:
         """Charge in-flight work afresh (a reload changed the unit or reservations):
         `leases` yields (lease id, upstream, class, units); returns lease id -> charge."""
-        charges = {}
+        charges: dict[int, int] = {}
         for lease_id, i, klass, units in leases:
             charges[lease_id] = charge = min(units, max(1, self.ceiling(i, klass)))
             self.take(i, klass, charge)
         return charges
 
-    def statistics(self) -> list[dict]:
+    def statistics(self) -> list[dict[str, Any]]:
         return [
             {
                 "inflight": self.used[i],

@@ -36,6 +36,7 @@ Bounded: at most 48 x 48 buckets per route. Pure: `now` is an argument.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 INFLATE = 0.25  # a cut request is taken to need at least 25% more than it got
 MAX_STREAK = 12  # 1.25 ** 12 ~ 14.6: the most one streak multiplies a cut time by
@@ -104,7 +105,7 @@ class CensoredFloors:
         if f.ms <= 0.0:
             del self._floors[key]
 
-    def statistics(self, now: float) -> dict:
+    def statistics(self, now: float) -> dict[str, Any]:
         return {
             "cuts": self.cuts,
             "informative": self.informative,

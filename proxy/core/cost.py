@@ -49,9 +49,14 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from proxy.policy.admission import Route
 
 
 class CostSource(enum.Enum):
@@ -104,7 +109,7 @@ class CostEstimator:
 
     __slots__ = ("_catch", "_catch_all", "_fallback", "_max_bytes", "_routes", "_shape_routes", "unmatched")
 
-    def __init__(self, routes, parse_max_bytes: int) -> None:
+    def __init__(self, routes: Sequence[Route], parse_max_bytes: int) -> None:
         # Longest prefix first, so the first match is the most specific route.
         self._routes = sorted(routes, key=lambda r: len(r.path_prefix), reverse=True)
         self._max_bytes = parse_max_bytes
@@ -115,7 +120,7 @@ class CostEstimator:
         self._shape_routes = {k: _first_of_kind(routes, k) or _ShapeRoute.of(catch, k) for k in SHAPE_KINDS}
         self.unmatched = UnmatchedPaths()
 
-    def route_for(self, path: str):
+    def route_for(self, path: str) -> Any:
         path = path.split("?", 1)[0]
         for route in self._routes:
             if path.startswith(route.path_prefix):
@@ -137,10 +142,10 @@ class CostEstimator:
         prompt = hint if total == 0 else round(hint * cost.prompt_tokens / total)
         return Cost(prompt, hint - prompt, hint, CostSource.HINT, cost.route)
 
-    def statistics(self) -> dict:
+    def statistics(self) -> dict[str, Any]:
         return self.unmatched.statistics()
 
-    def _from_body(self, route, body: bytes) -> Cost:
+    def _from_body(self, route: Any, body: bytes) -> Cost:
         if route.kind == "fixed":
             return Cost(route.fixed_tokens, 0, route.fixed_tokens, CostSource.FIXED, route.path_prefix)
         if len(body) > self._max_bytes:
@@ -148,7 +153,7 @@ class CostEstimator:
         parsed = self._decode(route, body)
         return parsed if isinstance(parsed, Cost) else _parsed_cost(route, parsed)
 
-    def _by_shape(self, catch, body: bytes) -> Cost:
+    def _by_shape(self, catch: Any, body: bytes) -> Cost:
         """An unmatched path: chat / completions / embeddings by the body's fields, else the catch-all."""
         fixed = Cost(catch.fixed_tokens, 0, catch.fixed_tokens, CostSource.FIXED, catch.path_prefix)
         if not body or len(body) > self._max_bytes or body.lstrip()[:1] != b"{":
@@ -162,7 +167,7 @@ class CostEstimator:
         cost = _parsed_cost(self._shape_routes[kind], parsed)
         return Cost(cost.prompt_tokens, cost.output_tokens, cost.units, CostSource.SHAPE, cost.route)
 
-    def _decode(self, route, body: bytes) -> _Body | Cost:
+    def _decode(self, route: Any, body: bytes) -> _Body | Cost:
         try:
             return _decode(body)
         except msgspec.ValidationError:
@@ -172,7 +177,7 @@ class CostEstimator:
         except RecursionError:  # nested past the recursion limit (see the module doc)
             return self._by_size(route, body, CostSource.TOO_DEEP)
 
-    def _by_size(self, route, body: bytes, source: CostSource) -> Cost:
+    def _by_size(self, route: Any, body: bytes, source: CostSource) -> Cost:
         prompt = math.ceil(len(body) / route.chars_per_token)
         output = 0 if route.kind in ("embeddings", "fixed") else route.default_max_tokens
         return Cost(prompt, output, prompt + output, source, route.path_prefix)
@@ -191,7 +196,7 @@ def _shape_of(b: _Body) -> str | None:
     return None
 
 
-def _first_of_kind(routes, kind: str):
+def _first_of_kind(routes: Sequence[Route], kind: str) -> Route | None:
     return next((r for r in routes if r.kind == kind), None)
 
 
@@ -205,7 +210,7 @@ class _ShapeRoute:
     default_max_tokens: int
 
     @classmethod
-    def of(cls, catch, kind: str) -> _ShapeRoute:
+    def of(cls, catch: Any, kind: str) -> _ShapeRoute:
         return cls(catch.path_prefix, kind, catch.chars_per_token, catch.default_max_tokens)
 
 
@@ -222,7 +227,7 @@ class UnmatchedPaths:
 
     def __init__(self, capacity: int = MAX_UNMATCHED_PATHS) -> None:
         self._capacity = capacity
-        self._paths: dict[str, list] = {}  # path -> [count, overcount, costed_as]
+        self._paths: dict[str, list[Any]] = {}  # path -> [count, overcount, costed_as]
         self.total = 0
         self.by_source: dict[str, int] = {}
 
@@ -244,7 +249,7 @@ class UnmatchedPaths:
             count = self._paths.pop(victim)[0]
             self._paths[path] = [count + 1, count, costed_as]
 
-    def statistics(self) -> dict:
+    def statistics(self) -> dict[str, Any]:
         ranked = sorted(self._paths.items(), key=lambda kv: -kv[1][0])
         return {
             "unmatched_requests": self.total,
@@ -254,7 +259,7 @@ class UnmatchedPaths:
         }
 
 
-def _parsed_cost(route, b: _Body) -> Cost:
+def _parsed_cost(route: Any, b: _Body) -> Cost:
     kind, cpt = route.kind, route.chars_per_token
     batch = 1
     if kind == "chat":
@@ -272,7 +277,7 @@ def _parsed_cost(route, b: _Body) -> Cost:
     return Cost(prompt, output, prompt + output, CostSource.PARSED, route.path_prefix)
 
 
-def _message_chars(messages) -> int:
+def _message_chars(messages: Any) -> int:
     chars = 0
     for m in messages:
         content = m.content
@@ -287,7 +292,7 @@ def _tokens(chars: int, chars_per_token: float) -> int:
     return math.ceil(chars / chars_per_token)
 
 
-def _prompt_tokens(value, cpt: float) -> tuple[int, int]:
+def _prompt_tokens(value: Any, cpt: float) -> tuple[int, int]:
     """(tokens, batch size) of a prompt/input: a string, token ids, or a list of either."""
     if value is None:
         return 0, 1

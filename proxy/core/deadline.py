@@ -97,8 +97,6 @@ def should_expire(now: float, deadline: float, service: float) -> bool:
     return remaining <= 0 or remaining < service
 
 
-def timeout_hint_ms(p99_end_to_end_ms: float | None, factor: float, min_ms: int, max_ms: int) -> int | None:
-    """The client timeout to recommend (x-rampmeter-timeout-hint-ms), or None with no samples."""
-    if p99_end_to_end_ms is None:
-        return None
+def timeout_hint_ms(p99_end_to_end_ms: float, factor: float, min_ms: int, max_ms: int) -> int:
+    """The client timeout to recommend (x-rampmeter-timeout-hint-ms) for an end-to-end p99."""
     return max(min_ms, min(max_ms, math.ceil(p99_end_to_end_ms * factor)))

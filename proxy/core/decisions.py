@@ -8,8 +8,8 @@ decision value, never an exception: `Admit(lease)`, `Enqueue(...)`,
 released exactly once with an `Outcome` (a second release is a bug and raises
 `LeaseError`).
 
-`Reject` has the same fields as proxy.core.shedding.Reject (reason,
-retry_after_ms, message, response()), so pre-enqueue checks may return either.
+`Reject` is the one refusal value: the arrival gate's rules (proxy/core/shedding.py),
+the controller and the request path all return it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Ticket:
     klass: str
     cost: Cost
     expected_ms: float
-    deadline: float | None = None  # absolute, seconds on the controller's clock
+    deadline: float  # absolute, seconds on the controller's clock; math.inf: none (probes, tests)
     budget_ms: int | None = None  # the client's whole budget, for Retry-After on an unmeetable deadline
     tenant: bytes = b""  # for per-tenant quotas (proxy.core.token_bucket.tenant_key)
 
@@ -50,6 +50,9 @@ class Lease:
     units: int  # charged against the upstream's limit at admission (the limit's unit)
     admitted_at: float
     queue_ms: float
+    # The service time the deadline rules planned with (AdmissionController.service_ms), computed
+    # once: the request path's timeout hint reads it rather than asking again.
+    service_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,10 @@ internally and `int()` for enforcement, at least 1.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from proxy.policy.admission import Limits
 
 
 class Limit(Protocol):
@@ -55,7 +58,7 @@ class Limit(Protocol):
 
     def on_engine(self, running: float | None, waiting: float, inflight: int, now: float) -> int: ...
 
-    def statistics(self) -> dict: ...
+    def statistics(self) -> dict[str, Any]: ...
 
 
 WAITING_ALPHA = 0.3  # decay of the engine's waiting count over readings
@@ -103,7 +106,7 @@ class FixedLimit:
     def on_engine(self, running: float | None, waiting: float, inflight: int, now: float) -> int:
         return self.value  # the SRE's number: the engine's gauges are shown, not followed
 
-    def statistics(self) -> dict:
+    def statistics(self) -> dict[str, Any]:
         return {"kind": "fixed", "limit": self.value, "last_reason": self.last_reason}
 
     def __repr__(self) -> str:
@@ -198,7 +201,7 @@ class GradientLimit:
             self.value, self.last_reason, self.changed_at = value, reason, now
         return self.value
 
-    def statistics(self) -> dict:
+    def statistics(self) -> dict[str, Any]:
         return {
             "kind": "gradient",
             "limit": self.value,
@@ -244,7 +247,7 @@ class EngineQueueLimit:
             self.value, self.last_reason, self.changed_at = value, reason, now
         return self.value
 
-    def statistics(self) -> dict:
+    def statistics(self) -> dict[str, Any]:
         return {
             "kind": "engine_queue",
             "limit": self.value,
@@ -259,7 +262,7 @@ class EngineQueueLimit:
         return f"<EngineQueueLimit {self.value} [{self._min}..{self._max}] last={self.last_reason}>"
 
 
-def make_limit(policy) -> FixedLimit | GradientLimit | EngineQueueLimit:
+def make_limit(policy: Limits) -> FixedLimit | GradientLimit | EngineQueueLimit:
     """Build the Limit a `[limits]` section describes."""
     if policy.kind == "fixed":
         return FixedLimit(policy.initial_limit)

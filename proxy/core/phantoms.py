@@ -31,6 +31,13 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from proxy.core.decisions import Lease
+
 
 EVIDENCE_RUN = 2  # consistent engine readings that decide "auto"
 KEEPS, STOPS, UNKNOWN = "keeps_computing", "stops", "unknown"
@@ -38,7 +45,7 @@ KEEPS, STOPS, UNKNOWN = "keeps_computing", "stops", "unknown"
 
 @dataclass(frozen=True, slots=True)
 class Phantom:
-    lease: object  # proxy.core.decisions.Lease
+    lease: Lease
     charge: int
     started_at: float
     end_at: float
@@ -56,10 +63,10 @@ class Phantoms:
     def __len__(self) -> int:
         return len(self._live)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Phantom]:
         return iter(list(self._live.values()))
 
-    def add(self, lease, charge: int, now: float, remaining_ms: float) -> Phantom:
+    def add(self, lease: Lease, charge: int, now: float, remaining_ms: float) -> Phantom:
         if lease.id in self._live:
             raise ValueError(f"lease {lease.id} is already a phantom")
         p = Phantom(lease, charge, now, now + remaining_ms / 1000.0, remaining_ms)
@@ -69,7 +76,8 @@ class Phantoms:
 
     def due(self, now: float) -> list[Phantom]:
         """Phantoms whose time is up, each returned exactly once."""
-        out, heap = [], self._heap
+        out: list[Phantom] = []
+        heap = self._heap
         while heap and heap[0][0] <= now:
             _, lease_id, p = heapq.heappop(heap)
             if self._live.get(lease_id) is p:
@@ -95,7 +103,7 @@ class Phantoms:
     def on(self, upstream: int) -> list[Phantom]:
         return [p for p in self._live.values() if p.lease.upstream == upstream]
 
-    def statistics(self, now: float) -> dict:
+    def statistics(self, now: float) -> dict[str, Any]:
         return {
             "live": len(self._live),
             "ended": self.ended,
@@ -110,7 +118,7 @@ class CancelHabit:
 
     def __init__(self, setting: bool | str) -> None:
         self.setting = setting
-        self.state = {True: STOPS, False: KEEPS}.get(setting, UNKNOWN)  # type: ignore[call-overload]
+        self.state = STOPS if setting is True else KEEPS if setting is False else UNKNOWN
         self._seen = ""  # the evidence of the current run
         self._run = 0
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -191,7 +192,9 @@ class LatencyFamily:
         if max_keys < 1 or min_samples < 1:
             raise ValueError("need max_keys >= 1 and min_samples >= 1")
         self.max_keys, self.min_samples = max_keys, min_samples
-        self._make = lambda: WindowedQuantiles(window_s, sub_windows, buckets, refresh_s)
+        self._make: Callable[[], WindowedQuantiles] = lambda: WindowedQuantiles(
+            window_s, sub_windows, buckets, refresh_s
+        )
         self._trackers: dict[object, WindowedQuantiles] = {}  # insertion order = recency of record
         self._evictions = 0
 

@@ -57,8 +57,13 @@ the decayed mean absolute relative error of arrival-time predictions.
 from __future__ import annotations
 
 from math import isfinite
+from typing import TYPE_CHECKING, Any
 
 from proxy.core.censored import CensoredFloors, shape_bucket
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
 
 _SCALE = 1000.0  # tokens per feature unit
 _MIN_MS = 0.1
@@ -96,7 +101,7 @@ class OutputFill:
         i = min(int(requested).bit_length(), _BUCKETS - 1)
         return self._ratio[i] if self._count[i] else self.route
 
-    def statistics(self) -> dict:
+    def statistics(self) -> dict[int, float]:
         """{lowest requested tokens of the bucket: ratio} for buckets with samples."""
         return {1 << (i - 1): r for i, (r, n) in enumerate(zip(self._ratio, self._count, strict=False)) if n}
 
@@ -155,7 +160,7 @@ class ServiceModel:
         self.floors = CensoredFloors()
 
     @classmethod
-    def from_route(cls, route, memory_samples: int = 500, prior_samples: float = 5.0) -> ServiceModel:
+    def from_route(cls, route: Any, memory_samples: int = 500, prior_samples: float = 5.0) -> ServiceModel:
         return cls(
             route.base_ms,
             route.ms_per_prompt_token,
@@ -289,7 +294,7 @@ class ServiceModel:
         """Route-wide generated / requested ratio (`fill.ratio(requested)` for one size)."""
         return self.fill.route
 
-    def statistics(self) -> dict:
+    def statistics(self) -> dict[str, Any]:
         a, b, c = self.coefficients
         # What predict_ms computes with, not the raw fit: a negative slope counts as 0 there.
         return {
@@ -311,7 +316,9 @@ class ServiceModel:
         )
 
 
-def _bounded(m, y, theta: list[float], base_max: float) -> tuple[float, float, float] | None:
+def _bounded(
+    m: Sequence[Sequence[float]], y: Sequence[float], theta: list[float], base_max: float
+) -> tuple[float, float, float] | None:
     """Least squares theta with 0 <= theta[1], theta[2] and 0 <= theta[0] <= base_max: fix each
     coefficient past its bound at the bound, re-solve the others (active set, <= 3 rounds)."""
     lo, hi = (0.0, 0.0, 0.0), (base_max, float("inf"), float("inf"))
@@ -361,7 +368,7 @@ class ServiceModels:
         self._routes: dict[str, object] = {}
         self._settings: tuple[int, float] | None = None
 
-    def configure(self, routes, memory_samples: int, prior_samples: float) -> None:
+    def configure(self, routes: Iterable[Any], memory_samples: int, prior_samples: float) -> None:
         settings = (memory_samples, prior_samples)
         models = {}
         for route in routes:
@@ -440,7 +447,7 @@ class ServiceModels:
         if now is not None:
             model.floors.completed(shape_bucket(prompt_tokens, requested_output_tokens), ms, now)
 
-    def statistics(self, now: float | None = None) -> dict:
+    def statistics(self, now: float | None = None) -> dict[str, Any]:
         out = {}
         for route, m in self._models.items():
             out[route] = stats = m.statistics()

@@ -58,9 +58,10 @@ from typing import Literal
 
 from proxy.core import deadline as dl
 from proxy.core.codel import CoDel, CoDelStatistics
+from proxy.core.decisions import Reject
 from proxy.core.retry_after import RetryAfter, drain_ms
 from proxy.core.token_bucket import TenantQuota
-from proxy.core.wire import Reason, rejection
+from proxy.core.wire import Reason
 
 
 def class_weights(n_classes: int, step: float) -> tuple[float, ...]:
@@ -85,17 +86,6 @@ class LoadSnapshot:
     head_wait_by_class: tuple[float, ...] = ()
     service_p50_ms: float = 0.0  # observed service time of completed requests; 0 when unknown
     service_p99_ms: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Reject:
-    reason: Reason
-    retry_after_ms: int | None
-    message: str
-
-    def response(self) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """Status, headers and JSON body per the wire contract."""
-        return rejection(self.reason, self.message, self.retry_after_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,8 +219,8 @@ def arrival_verdict(
     in_time = isinstance(deadline, dl.Meetable) and math.isfinite(deadline.completion)
     verdict = shedder.check(snap, rank, now, in_time)
     if verdict is None and isinstance(deadline, dl.Unmeetable) and on_unmeetable == "reject":
-        retry = None if deadline.retry_after_ms is None else shedder.retry_after(deadline.retry_after_ms)
-        verdict = Reject(Reason.DEADLINE_UNMEETABLE, retry, _unmeetable_message(deadline))
+        unmeetable_retry = None if deadline.retry_after_ms is None else shedder.retry_after(deadline.retry_after_ms)
+        verdict = Reject(Reason.DEADLINE_UNMEETABLE, unmeetable_retry, _unmeetable_message(deadline))
     if verdict is not None and tenants is not None:
         tenants.refund(tenant, cost)
     return verdict

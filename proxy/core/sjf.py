@@ -40,6 +40,12 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from proxy.core.decisions import Ticket
 
 
 class Entry:
@@ -47,7 +53,7 @@ class Entry:
 
     __slots__ = ("alive", "due_at", "enqueued_at", "fcfs_due", "key", "seq", "ticket")
 
-    def __init__(self, ticket, enqueued_at: float, seq: int, fcfs_due: float = math.inf) -> None:
+    def __init__(self, ticket: Ticket, enqueued_at: float, seq: int, fcfs_due: float = math.inf) -> None:
         self.ticket = ticket
         self.enqueued_at = enqueued_at
         self.seq = seq
@@ -127,7 +133,7 @@ class ClassQueue:
             heapq.heappop(heap)
         return heap[0][2] if heap else None
 
-    def best_passing(self, skip) -> Entry | None:
+    def best_passing(self, skip: Callable[[Entry], bool]) -> Entry | None:
         """The best live entry for which `skip(entry)` is false. O(1) when the best passes (the
         usual case); else one sorted scan of the heap (held entries are rare: a route's first
         requests, until its first answer)."""
@@ -199,20 +205,6 @@ class ClassQueue:
         """Live entries in arrival order."""
         return [e for e in self._fifo if e.alive]
 
-    def reconfigure(self, order: str, aging_ms_per_s: float, max_wait_s: float) -> None:
-        """New policy: re-key every live entry (reload is rare; O(n log n))."""
-        self.order, self.aging_ms_per_s, self.max_wait_s = order, aging_ms_per_s, max_wait_s
-        live = self.entries()
-        for e in live:
-            e.key = self._key(e)
-            e.due_at = min(e.fcfs_due, e.enqueued_at + max_wait_s)
-        self._heap = [(e.key, e.seq, e) for e in live]
-        heapq.heapify(self._heap)
-        self._due = [(e.due_at, e.seq, e) for e in live]
-        heapq.heapify(self._due)
-        self._overdue = []
-        self._fifo = deque(live)
-
     def _compact(self) -> None:
         self._heap = [item for item in self._heap if item[2].alive]
         heapq.heapify(self._heap)
@@ -231,14 +223,14 @@ class ClassPicker:
 
     __slots__ = ("_by_priority", "_current", "_priority", "_weight", "mode")
 
-    def __init__(self, mode: str, classes: dict) -> None:
+    def __init__(self, mode: str, classes: dict[str, Any]) -> None:
         self.mode = mode
         self._priority = {name: c.priority for name, c in classes.items()}
         self._weight = {name: c.weight for name, c in classes.items()}
         self._current = dict.fromkeys(classes, 0)  # SWRR state, exact integers
         self._by_priority = sorted(classes, key=lambda n: (self._priority[n], n))
 
-    def order(self, waiting: set[str] | dict) -> list[str]:
+    def order(self, waiting: set[str] | dict[str, Any]) -> list[str]:
         """Classes with someone waiting, best first (the first is the pick; the rest are fallbacks)."""
         ranked = [n for n in self._by_priority if n in waiting]
         if self.mode == "strict" or len(ranked) < 2:
@@ -247,7 +239,7 @@ class ClassPicker:
         pick = max(ranked, key=lambda n: (current[n] + weight[n], -self._priority[n]))
         return [pick] + [n for n in ranked if n != pick]
 
-    def commit(self, chosen: str, waiting: set[str] | dict) -> None:
+    def commit(self, chosen: str, waiting: set[str] | dict[str, Any]) -> None:
         """`chosen` was admitted through the weighted pick among `waiting` classes."""
         if self.mode != "weighted":
             return
@@ -258,7 +250,7 @@ class ClassPicker:
             total += weight[name]
         current[chosen] -= total
 
-    def statistics(self) -> dict:
+    def statistics(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
             "order": list(self._by_priority),

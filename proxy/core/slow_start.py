@@ -19,8 +19,6 @@ Pure: `t` is seconds since the ramp began, given by the caller.
 
 from __future__ import annotations
 
-import math
-
 
 def slow_start_factor(t_s: float, *, window_s: float, aggression: float, min_weight: float) -> float:
     """The fraction of the full limit allowed `t_s` seconds into the ramp, in [min_weight, 1]."""
@@ -29,12 +27,4 @@ def slow_start_factor(t_s: float, *, window_s: float, aggression: float, min_wei
     if window_s <= 0 or t_s >= window_s:
         return 1.0
     progress = max(t_s, 0.0) / window_s
-    return max(min_weight, progress ** (1.0 / aggression))
-
-
-def ramped_limit(limit: int, factor: float) -> int:
-    """`limit` scaled by `factor`, at least 1 when `limit` is (a ramp that admits nothing
-    observes nothing), never above `limit`."""
-    if factor >= 1.0 or limit <= 1:
-        return limit
-    return max(1, math.floor(limit * factor))
+    return max(min_weight, float(progress ** (1.0 / aggression)))

@@ -26,21 +26,28 @@ import heapq
 import itertools
 import math
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from proxy.core.sjf import ClassPicker, ClassQueue, Entry
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from proxy.core.decisions import Ticket
+    from proxy.policy.admission import Scheduling
 
 
 class Waitline:
     __slots__ = ("_entries", "_expiry", "_fcfs_multiple", "_seq", "classes", "default_class", "picker", "queues")
 
-    def __init__(self, scheduling, classes: dict) -> None:
+    def __init__(self, scheduling: Scheduling, classes: dict[str, Any]) -> None:
         self._entries: dict[int, Entry] = {}
         self._expiry: list[tuple[float, int, Entry]] = []
         self._seq = itertools.count()
         self.queues: dict[str, ClassQueue] = {}
         self.configure(scheduling, classes, 0.0)
 
-    def configure(self, scheduling, classes: dict, now: float) -> None:
+    def configure(self, scheduling: Scheduling, classes: dict[str, Any], now: float) -> None:
         self.classes = dict(classes)
         self.default_class = scheduling.default_class
         self._fcfs_multiple = scheduling.fcfs_wait_multiple
@@ -65,16 +72,13 @@ class Waitline:
     def get(self, ticket_id: int) -> Entry | None:
         return self._entries.get(ticket_id)
 
-    def ids(self) -> set[int]:
-        return set(self._entries)
-
     def depth(self, klass: str) -> int:
         q = self.queues.get(klass)
         return 0 if q is None else q.live
 
     def push(
         self,
-        ticket,
+        ticket: Ticket,
         now: float,
         enqueued_at: float | None = None,
         seq: int | None = None,
@@ -112,8 +116,8 @@ class Waitline:
 
     # --- expiry -----------------------------------------------------------
 
-    def expires_at(self, ticket) -> float | None:
-        if ticket.deadline is None:
+    def expires_at(self, ticket: Ticket) -> float | None:
+        if ticket.deadline == math.inf:
             return None
         cls = self.classes.get(ticket.klass)
         if cls is not None and cls.on_unmeetable == "try":
@@ -145,7 +149,7 @@ class Waitline:
     def waiting(self) -> set[str]:
         return {name for name, q in self.queues.items() if q.live}
 
-    def candidates(self, now: float, skip=None) -> Iterator[tuple[Entry, bool]]:
+    def candidates(self, now: float, skip: Callable[[Entry], bool] | None = None) -> Iterator[tuple[Entry, bool]]:
         """(entry, is_weighted_pick), best first: overdue heads, then class heads in picker order.
         With `skip`, an entry it says to skip is passed over and the next best of its class
         offered instead (held entries: they wait without holding their class up)."""
@@ -192,7 +196,7 @@ class Waitline:
                 ahead += q.backlog_ms
         return ahead
 
-    def statistics(self, now: float) -> dict:
+    def statistics(self, now: float) -> dict[str, Any]:
         out = {}
         for name in self.picker.order(self.queues):
             q = self.queues[name]

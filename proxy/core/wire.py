@@ -65,28 +65,32 @@ MAX_IDEMPOTENCY_KEY_LEN = 255
 
 
 class Reason(enum.StrEnum):
-    """Why the sidecar answered instead of the model server."""
+    """Why the sidecar answered instead of the model server; each comment names who decides it."""
 
+    # core/shedding.py Shedder (shedding.max_queued over the classes at or above it), and
+    # core/admission.py arrive (the class's own max_queue_length).
     QUEUE_FULL = "queue_full"
-    QUEUE_TIMEOUT = "queue_timeout"
+    # core/shedding.py arrival_verdict (the deadline rule at arrival), and core/admission.py
+    # arrive (it would have to queue but its expiry has come: no time to wait at all).
     DEADLINE_UNMEETABLE = "deadline_unmeetable"
+    # core/admission.py (past at arrival; expired or too late while queued, which
+    # runtime/scheduler.py answers); runtime/request_path.py and relay.py (it passed upstream).
     DEADLINE_EXPIRED = "deadline_expired"
-    OVERLOADED = "overloaded"
-    GPU_PRESSURE = "gpu_pressure"
-    NOT_READY = "not_ready"
-    TENANT_QUOTA = "tenant_quota"
-    DRAINING = "draining"
-    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
-    UPSTREAM_TIMEOUT = "upstream_timeout"
-    IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
-    IDEMPOTENCY_KEY_IN_FLIGHT = "idempotency_key_in_flight"
-    IDEMPOTENCY_STORE_UNAVAILABLE = "idempotency_store_unavailable"
-    BAD_REQUEST = "bad_request"
+    OVERLOADED = "overloaded"  # core/shedding.py (CoDel, saturation)
+    GPU_PRESSURE = "gpu_pressure"  # core/shedding.py (gpu_memory_high_water)
+    NOT_READY = "not_ready"  # runtime/request_path.py (readiness did not come in time)
+    TENANT_QUOTA = "tenant_quota"  # core/shedding.py (core/token_bucket.py quotas)
+    DRAINING = "draining"  # in the contract and understood by the SDK; not sent by this version
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"  # runtime/relay.py, runtime/dedup (a failed leader)
+    UPSTREAM_TIMEOUT = "upstream_timeout"  # runtime/relay.py (upstreams[i].timeout_s)
+    IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"  # runtime/dedup
+    IDEMPOTENCY_KEY_IN_FLIGHT = "idempotency_key_in_flight"  # runtime/dedup
+    IDEMPOTENCY_STORE_UNAVAILABLE = "idempotency_store_unavailable"  # runtime/dedup
+    BAD_REQUEST = "bad_request"  # runtime/request_path.py (a malformed header, an uncostable body)
 
 
 STATUS_FOR_REASON: dict[Reason, int] = {
     Reason.QUEUE_FULL: 503,
-    Reason.QUEUE_TIMEOUT: 503,
     Reason.DEADLINE_UNMEETABLE: 503,
     Reason.DEADLINE_EXPIRED: 504,
     Reason.OVERLOADED: 503,
@@ -106,7 +110,6 @@ STATUS_FOR_REASON: dict[Reason, int] = {
 RETRYABLE_REASONS = frozenset(
     {
         Reason.QUEUE_FULL,
-        Reason.QUEUE_TIMEOUT,
         Reason.DEADLINE_UNMEETABLE,
         Reason.OVERLOADED,
         Reason.GPU_PRESSURE,

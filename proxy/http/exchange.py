@@ -40,16 +40,17 @@ import logging
 import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 import trio
 
 from proxy.core import wire
 from proxy.errors import BodyTooLarge, ClientGone, ProtocolError, RequestTimeout, ResponseCut
-from proxy.http.messages import Handler, Headers, Request
+from proxy.http.messages import Handler, Headers, Request, ResponseSink
 from proxy.http.patrol import Patrol
 from proxy.http.ratelog import RateLimitedLog
+from proxy.metrics import Metrics
 from proxy.policy.schema import Listen
-from proxy.runtime.metrics import Metrics
 
 log = logging.getLogger("rampmeter.server")
 _TIMEOUT = wire.REQUEST_TIMEOUT_MS.encode()
@@ -220,8 +221,8 @@ class BufferedBody:
             whole = parts[0][0] if len(parts) == 1 else b"".join(data for data, _ in parts)
             parts.clear()
             return whole
-        parts = [chunk async for chunk in self.chunks()]
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        chunks = [chunk async for chunk in self.chunks()]
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _wait(self) -> None:
         """Until the reader fed more (or failed the body), within `deadline` and `timeout_s`."""
@@ -267,14 +268,11 @@ def request_deadline(headers: Headers, received_at: float) -> float:
     return math.inf
 
 
-class Sink:
+class Sink(ResponseSink, Protocol):
     """What `run_exchange` needs of a protocol's ResponseSink beyond the public API."""
 
-    headers_sent: bool
     finished: bool
     status: int
-
-    async def respond(self, status: int, headers: list, body: bytes = b"") -> None: ...
 
     def abort(self) -> None: ...
 
@@ -353,7 +351,7 @@ def answer(status: int, message: str) -> Handler:
     """
     body = f"{status} {message}\n".encode()
 
-    async def handler(request: Request, sink: Sink) -> None:
+    async def handler(request: Request, sink: ResponseSink) -> None:
         await sink.respond(status, [*TEXT_PLAIN, (b"connection", b"close")], body)
 
     return handler

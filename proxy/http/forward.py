@@ -147,8 +147,3 @@ def h2_request_headers(
 def request_trailers(trailers: Headers) -> Headers:
     """Request trailer fields to send on: hop-by-hop and pseudo-headers never (RFC 9110 6.5.1)."""
     return [(k, v) for k, v in trailers if k not in HOP_BY_HOP and k[:1] != b":" and k != b"content-length"]
-
-
-def strip_pseudo(headers: Headers) -> Headers:
-    """Regular fields of an HTTP/2 header block (pseudo-headers start with ':')."""
-    return [(k, v) for k, v in headers if k[:1] != b":"]

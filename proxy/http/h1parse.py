@@ -215,7 +215,10 @@ class RequestParser:
         self._url = b""
         self._headers: Headers = []
         self._size = 0
-        self._cl = self._te = self._connection = self._expect = None
+        self._cl: bytes | None = None
+        self._te: bytes | None = None
+        self._connection: bytes | None = None
+        self._expect: bytes | None = None
         self._hosts: list[bytes] = []
         self._trailers = 0
 
@@ -408,7 +411,9 @@ class ResponseParser:
     def _begin(self) -> None:
         self._headers: Headers = []
         self._size = 0
-        self._cl = self._te = self._connection = None
+        self._cl: bytes | None = None
+        self._te: bytes | None = None
+        self._connection: bytes | None = None
 
     def feed(self, data: bytes) -> None:
         if self.error is not None or self.trailing:

@@ -498,7 +498,7 @@ class H1Connection:
     async def _linger(self) -> None:
         with trio.move_on_after(LINGER_S):
             try:
-                await self._stream.send_eof()
+                await self._stream.send_eof()  # type: ignore[attr-defined]  # a trio.SocketStream
                 discarded = 0
                 while discarded < LINGER_BYTES:
                     data = await self._stream.receive_some(RECEIVE_SIZE)

@@ -71,7 +71,7 @@ def build_request(
     ctx = conn.ctx
     limits = ctx.limits
     handler = ctx.handler
-    if type(head) is Malformed:
+    if isinstance(head, Malformed):
         ctx.protocol_error("h2_malformed", head.message)
         handler = answer(head.status, head.message)
         method, target, authority, scheme, headers, length = b"", b"", b"", b"http", [], None
@@ -316,9 +316,10 @@ class H2Sink:
         if self._held:
             self.pump()
         if not self._held:
-            view = self._send_now(view, end_stream)
-            if view is None:
+            rest = self._send_now(view, end_stream)
+            if rest is None:
                 return
+            view = rest
         self._held.append(view)
         self._held_bytes += len(view)
         self._conn.held_bytes += len(view)

@@ -61,7 +61,7 @@ class VersionedHeaderTable(HeaderTable):
 class MemoEncoder(hpack.Encoder):
     def __init__(self) -> None:
         super().__init__()
-        self.header_table = VersionedHeaderTable()
+        self.header_table: VersionedHeaderTable = VersionedHeaderTable()
         self._memo: dict[tuple, tuple[int, bytes]] = {}
         self.hits = self.misses = 0
 
@@ -88,7 +88,7 @@ class MemoEncoder(hpack.Encoder):
 class MemoDecoder(hpack.Decoder):
     def __init__(self, max_header_list_size: int = hpack.hpack.DEFAULT_MAX_HEADER_LIST_SIZE) -> None:
         super().__init__(max_header_list_size)
-        self.header_table = VersionedHeaderTable()
+        self.header_table: VersionedHeaderTable = VersionedHeaderTable()
         self._memo: dict[tuple, tuple[tuple, list]] = {}
         self.hits = self.misses = 0
 

@@ -134,7 +134,10 @@ class Request:
 class ResponseSink(Protocol):
     """Where a handler writes its response. Exactly one of `respond` or `start`."""
 
-    headers_sent: bool
+    @property
+    def headers_sent(self) -> bool:
+        """Whether the head has gone (an answer can no longer be chosen)."""
+        ...
 
     async def respond(self, status: int, headers: Headers, body: bytes = b"") -> None:
         """A whole response in one go (the fast path: one write on HTTP/1.1)."""

@@ -54,6 +54,7 @@ WATCH_AFTER_S = 0.1  # a request running this long gets a watcher for its client
 class Patrolled(Protocol):
     since: float  # when it entered its current queue (trio time)
     requests: int  # requests begun on it
+    evicted: bool  # set when the patrol closes it for a newcomer
 
     def expire(self, reason: str) -> None: ...
 

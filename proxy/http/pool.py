@@ -50,8 +50,8 @@ from proxy.http.forward import h2_request_headers
 from proxy.http.messages import Headers
 from proxy.http.upstream_h1 import H1Connection, H1Response, framed
 from proxy.http.upstream_h2 import H2Connection, H2Response
+from proxy.metrics import Metrics
 from proxy.policy.schema import Upstream
-from proxy.runtime.metrics import Metrics
 
 OUTCOMES = ("ok", "aborted", "protocol_error", "connect_error")
 _BYTES_LIKE = (bytes, bytearray, memoryview)
@@ -341,7 +341,8 @@ class _H2Upstream(_Upstream):
         except UpstreamError as exc:
             if exc.request_sent or not isinstance(body, _BYTES_LIKE):
                 raise
-        return await (await self._connection()).send(block, body, trailers)  # the one retry: it was not processed
+        # The one retry: it was not processed. (isinstance narrowed `body` to a bytes-like; mypy reads Any as that.)
+        return await (await self._connection()).send(block, body, trailers)  # type: ignore[arg-type]
 
     async def _connection(self) -> H2Connection:
         while True:
@@ -359,10 +360,12 @@ class _H2Upstream(_Upstream):
 
     async def _open(self) -> H2Connection:
         self.opening = True
+        nursery = self.pool.nursery
+        assert nursery is not None, "the pool opens connections only inside `async with pool`"
         try:
             conn = await self._connect_timed(
                 lambda: H2Connection.open(
-                    self.host, self.port, nursery=self.pool.nursery, label=self.hostport, on_change=self._changed
+                    self.host, self.port, nursery=nursery, label=self.hostport, on_change=self._changed
                 )
             )
         finally:

@@ -60,8 +60,8 @@ from proxy.http.h1server import PREFACE, H1Connection
 from proxy.http.h2server import H2Connection
 from proxy.http.messages import Handler
 from proxy.http.ratelog import RateLimitedLog
+from proxy.metrics import Metrics
 from proxy.policy.schema import Listen
-from proxy.runtime.metrics import Metrics
 
 log = logging.getLogger("rampmeter.server")
 
@@ -325,11 +325,12 @@ class Server:
     async def _connection(self, stream: trio.SocketStream, peer: str) -> None:
         accepted_at = trio.current_time()
         CLIENT.set(peer)  # this task's context: the connection's tasks inherit it (log lines name the peer)
-        conn: H1Connection | H2Connection = H1Connection(self._ctx, stream, peer, accepted_at)
+        h1 = H1Connection(self._ctx, stream, peer, accepted_at)
+        conn: H1Connection | H2Connection = h1
         try:
             self._connections.add(conn)
             await self._serve(conn)
-            initial = conn.h2_initial
+            initial = h1.h2_initial
             if initial is not None:
                 self._connections.discard(conn)
                 conn = H2Connection(self._ctx, stream, peer, accepted_at)
@@ -356,7 +357,7 @@ class Server:
         if gauge is not None:
             gauge.inc()
         try:
-            await conn.run(initial)
+            await conn.run(initial)  # type: ignore[arg-type]  # an H2Connection is always given its preface bytes
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.debug("connection %r lost: %s", conn, exc)
         finally:

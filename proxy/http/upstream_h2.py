@@ -85,7 +85,7 @@ _CONFIG = h2.config.H2Configuration(
 
 
 class _GracefulStateMachine(h2.connection.H2ConnectionStateMachine):
-    _transitions: ClassVar[dict] = {
+    _transitions = {  # h2's table, plus GOAWAY received keeping the connection open for its streams
         **h2.connection.H2ConnectionStateMachine._transitions,
         (ConnectionState.CLIENT_OPEN, ConnectionInputs.RECV_GOAWAY): (None, ConnectionState.CLIENT_OPEN),
     }
@@ -346,10 +346,10 @@ class H2Connection:
             h.send_headers(sid, block, end_stream=empty)
             # A body the windows take whole leaves with the head: one write, not two.
             inline = (
-                small and not empty and len(body) <= min(h.local_flow_control_window(sid), h.max_outbound_frame_size)
+                small and not empty and len(body) <= min(h.local_flow_control_window(sid), h.max_outbound_frame_size)  # type: ignore[arg-type]  # small: bytes-like
             )
             if inline:
-                h.send_data(sid, body, end_stream=True)
+                h.send_data(sid, body, end_stream=True)  # type: ignore[arg-type]  # small: bytes-like
         except h2.exceptions.ProtocolError as exc:
             raise ProtocolError(f"upstream {self.label}: cannot send request headers: {exc}") from exc
         s.local_done = empty or inline

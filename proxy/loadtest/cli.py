@@ -27,7 +27,7 @@ import trio
 from proxy.loadtest import compare as compare_mod
 from proxy.loadtest import jsonl, preflight, progress, report, shapes
 from proxy.loadtest.outputs import write_outputs
-from proxy.loadtest.runner import Runner
+from proxy.loadtest.runner import Runner, RunResult
 from proxy.loadtest.trace import Plan, build_trace, parse_loads
 from proxy.loadtest.transport import PROTOCOLS, Target
 from proxy.loadtest.verdict import SLA, parse_duration_ms
@@ -193,7 +193,7 @@ def build(args: argparse.Namespace):
     return trace, target, sla
 
 
-async def _main(trace, target, args) -> tuple:
+async def _main(trace, target, args) -> RunResult:
     if not args.no_preflight:
         for warning in await preflight.preflight(target, trace.mix):
             print(f"rampmeter loadtest: warning: {warning}", file=sys.stderr)
@@ -212,8 +212,9 @@ async def _main(trace, target, args) -> tuple:
         try:
             result = await runner.run()
         finally:
-            if hasattr(shown, "close"):
-                shown.close()
+            close = getattr(shown, "close", None)  # RichProgress has one, PlainProgress none
+            if close is not None:
+                close()
         nursery.cancel_scope.cancel()
     return result
 

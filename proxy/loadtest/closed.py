@@ -34,6 +34,10 @@ class ClosedLoop:
     live: Any
     reasons: Any
     t0: float
+    _active: set[Any]
+    _begin: Any
+    _end: Any
+    _finished: Any
 
     async def _closed_loop(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self._lag_monitor)

@@ -11,6 +11,8 @@ will count them. Returns the warnings.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import trio
 
@@ -45,7 +47,7 @@ async def _probe(session, target: Target, shape_index: int, mix: Mix) -> tuple[i
             f"{where} broke the exchange ({exc}); does it speak {target.protocol}? try --protocol {other}"
         ) from None
     try:
-        parts = []
+        parts: list[bytes] = []
         while chunk := await resp.receive():
             if sum(map(len, parts)) < (1 << 20):
                 parts.append(chunk)
@@ -58,7 +60,8 @@ async def _probe(session, target: Target, shape_index: int, mix: Mix) -> tuple[i
 
 
 async def preflight(target: Target, mix: Mix) -> list[str]:
-    seen, probes = set(), []
+    seen: set[object] = set()
+    probes: list[Any] = []
     for i, s in enumerate(mix.shapes):
         if (s.path, s.stream) not in seen and len(probes) < MAX_PROBES:
             seen.add((s.path, s.stream))

@@ -114,7 +114,7 @@ class Runner(ClosedLoop):
                             await self._closed_loop(nursery)
                         nursery.cancel_scope.cancel()  # the ticker and the lag monitor
             finally:
-                stats = getattr(self.transport, "statistics", dict)()
+                stats: dict[str, Any] = getattr(self.transport, "statistics", dict)()
                 self.transport.close()
                 conns.cancel_scope.cancel()  # h2 reader/writer tasks
         return RunResult(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -70,14 +71,15 @@ class Shape:
             out.append((COST_HINT.encode(), b"%d" % self.cost_hint))
         return out
 
-    def replace(self, **changes: object) -> Shape:
+    def replace(self, **changes: Any) -> Shape:
         return dataclasses.replace(self, **changes)
 
 
 def prompt_text(tokens: int) -> str:
     """Deterministic filler of about `tokens` tokens (CHARS_PER_TOKEN characters each)."""
     chars = max(1, tokens * CHARS_PER_TOKEN)
-    words, n = [], 0
+    words: list[str] = []
+    n = 0
     while n <= chars:  # joined length is n - 1
         w = _WORDS[len(words) % len(_WORDS)]
         words.append(w)
@@ -151,7 +153,7 @@ class Mix:
     @classmethod
     def parse(cls, spec: str, *, model: str | None = None, class_deadlines_ms: dict[str, int] | None = None) -> Mix:
         """ "short_chat@interactive=3,long_chat@batch=1" -> Mix; ValueError on unknown shapes or bad weights."""
-        shapes = []
+        shapes: list[Any] = []
         for part in (p.strip() for p in spec.split(",")):
             if not part:
                 continue

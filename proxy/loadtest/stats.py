@@ -70,7 +70,8 @@ def summarize(values_s: Iterable[float]) -> Summary | None:
     if not ordered:
         return None
     ms = [percentile(ordered, q) * 1000.0 for q in QUANTILES]
-    return Summary(len(ordered), sum(ordered) / len(ordered) * 1000.0, *ms, ordered[-1] * 1000.0)
+    p50, p95, p99, p999 = ms  # QUANTILES
+    return Summary(len(ordered), sum(ordered) / len(ordered) * 1000.0, p50, p95, p99, p999, ordered[-1] * 1000.0)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from msgspec import Meta
 from proxy.policy.base import Section
 
 
-class AccessLog(Section):
+class AccessLog(Section, frozen=True):
     """One line per request on the `rampmeter.access` logger, as text or JSON (`--log-format`): docs/operations.md."""
 
     enabled: Annotated[

@@ -17,19 +17,22 @@ as `scheduling.default_class`).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
 from msgspec import Meta
 
 from proxy.policy.base import Section, cross_check
 
+if TYPE_CHECKING:
+    from proxy.policy.schema import Policy
+
 ClassName = Annotated[
     str, Meta(pattern=r"^[a-z][a-z0-9_-]{0,31}$", description="Lower-case class name, as sent in x-priority.")
 ]
 
 
-class Scheduling(Section):
+class Scheduling(Section, frozen=True):
     """Queue order and how classes share the upstream."""
 
     order: Annotated[
@@ -107,7 +110,7 @@ class Scheduling(Section):
     ] = 10.0
 
 
-class ClassPolicy(Section):
+class ClassPolicy(Section, frozen=True):
     """One request class (x-priority value)."""
 
     priority: Annotated[int, Meta(ge=0, le=100, description="Strict mode: lower is served first.")] = 1
@@ -178,7 +181,7 @@ def default_classes() -> dict[str, ClassPolicy]:
     }
 
 
-class Route(Section):
+class Route(Section, frozen=True):
     """How requests under a path are costed, and the service-time priors for them."""
 
     path_prefix: Annotated[
@@ -245,7 +248,7 @@ def default_routes() -> list[Route]:
     ]
 
 
-class Limits(Section):
+class Limits(Section, frozen=True):
     """Concurrency limit per upstream: how much is let in at once (the engine's effective batch)."""
 
     kind: Annotated[
@@ -308,7 +311,7 @@ class Limits(Section):
 
 
 @cross_check
-def check_admission(policy) -> list[str]:
+def check_admission(policy: Policy) -> list[str]:
     """Cross-field rules for the admission sections; one message per problem, naming its key."""
     problems: list[str] = []
     classes = policy.classes

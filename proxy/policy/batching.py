@@ -28,7 +28,7 @@ HeaderName = Annotated[str, Meta(pattern=r"^[a-z0-9!#$%&'*+.^_`|~-]+$", descript
 BucketEdge = Annotated[int, Meta(ge=1, le=10_000_000)]
 
 
-class BatchRoute(Section):
+class BatchRoute(Section, frozen=True):
     """One batchable path: its body shape and the bounds of a batch."""
 
     path: Annotated[
@@ -112,7 +112,7 @@ class BatchRoute(Section):
     ] = 67_108_864
 
 
-class Batching(Section):
+class Batching(Section, frozen=True):
     """Dynamic micro-batching: concurrent requests merged into one upstream call (docs/batching.md)."""
 
     routes: Annotated[

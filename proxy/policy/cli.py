@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from proxy.errors import PolicyError
 from proxy.policy.load import notes, parse_policy_file, read_policy_text
@@ -39,12 +40,12 @@ def run(args: argparse.Namespace) -> int:
                 print(line if line.startswith(str(path)) else f"{path}: {line}", file=sys.stderr)
         else:
             print(f"{path}: ok")
-            for line, warning in notes(text):
-                print(f"{path}:{line}: warning: {warning}" if line else f"{path}: warning: {warning}", file=sys.stderr)
+            for at, warning in notes(text):
+                print(f"{path}:{at}: warning: {warning}" if at else f"{path}: warning: {warning}", file=sys.stderr)
     return 1 if failed else 0
 
 
-def json_schema() -> dict:
+def json_schema() -> dict[str, Any]:
     import msgspec
 
     # $schema first: editors (taplo / Even Better TOML, VS Code) read it to pick the draft.

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 HeaderName = Annotated[str, Meta(pattern=r"^[a-z0-9!#$%&'*+.^_`|~-]+$", description="A lower-case header name.")]
 
 
-class Dedup(Section):
+class Dedup(Section, frozen=True):
     """Idempotency-Key handling: coalesce concurrent duplicates, replay completed ones."""
 
     enabled: Annotated[

@@ -26,6 +26,7 @@ import types
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import msgspec.inspect as mi
@@ -37,9 +38,9 @@ from proxy.policy.toml_lines import path_text
 
 @dataclass(frozen=True)
 class Problem:
-    parts: tuple  # key path: names and list indices
+    parts: tuple[Any, ...]  # key path: names and list indices
     message: str  # what is wrong, and what is allowed
-    line_parts: tuple | None = None  # a key to point at instead of `parts` (a rule naming its first key)
+    line_parts: tuple[Any, ...] | None = None  # a key to point at instead of `parts` (a rule naming its first key)
 
     @property
     def path(self) -> str:
@@ -51,7 +52,7 @@ def problems(data: object, typ: type) -> list[Problem]:
     return list(_walk(data, typ, ()))
 
 
-def _walk(value: object, typ, parts: tuple) -> Iterator[Problem]:
+def _walk(value: object, typ: Any, parts: tuple[Any, ...]) -> Iterator[Problem]:
     try:
         msgspec.convert(value, type=typ)
         return
@@ -64,14 +65,15 @@ def _walk(value: object, typ, parts: tuple) -> Iterator[Problem]:
     elif _origin(inner) is list and isinstance(value, list):
         yield from _walk_items(value, typing.get_args(inner)[0], parts, raw, typ)
     elif _origin(inner) is dict and isinstance(value, dict):
-        yield from _walk_map(value, *typing.get_args(inner), parts, raw, typ)
+        key_type, value_type = typing.get_args(inner)
+        yield from _walk_map(value, key_type, value_type, parts, raw, typ)
     else:
         yield Problem(parts, leaf_message(raw, typ, value))
 
 
-def _walk_table(value: dict, struct: type, parts: tuple, raw: str) -> Iterator[Problem]:
+def _walk_table(value: dict[str, Any], struct: type, parts: tuple[Any, ...], raw: str) -> Iterator[Problem]:
     fields = {f.name: f for f in msgspec.structs.fields(struct)}
-    found = []
+    found: list[Problem] = []
     for key, sub in value.items():
         if key in fields:
             found += _walk(sub, fields[key].type, (*parts, key))
@@ -91,13 +93,15 @@ def _walk_table(value: dict, struct: type, parts: tuple, raw: str) -> Iterator[P
     yield Problem(parts, raw, named)
 
 
-def _walk_items(value: list, item_type, parts: tuple, raw: str, typ) -> Iterator[Problem]:
+def _walk_items(value: list[Any], item_type: Any, parts: tuple[Any, ...], raw: str, typ: Any) -> Iterator[Problem]:
     found = [p for i, item in enumerate(value) for p in _walk(item, item_type, (*parts, i))]
     yield from found or [Problem(parts, leaf_message(raw, typ, value))]
 
 
-def _walk_map(value: dict, key_type, value_type, parts: tuple, raw: str, typ) -> Iterator[Problem]:
-    found = []
+def _walk_map(
+    value: dict[str, Any], key_type: Any, value_type: Any, parts: tuple[Any, ...], raw: str, typ: Any
+) -> Iterator[Problem]:
+    found: list[Problem] = []
     for key, sub in value.items():
         try:
             msgspec.convert(key, type=key_type)
@@ -119,7 +123,7 @@ def unknown_key_message(key: str, allowed: list[str]) -> str:
     return message + (f"; did you mean {close[0]}?" if close else "")
 
 
-def leaf_message(raw: str, typ, value: object) -> str:
+def leaf_message(raw: str, typ: Any, value: object) -> str:
     """msgspec's words for one value, with the value written and what the key allows."""
     regex = re.match(r"Expected `str` matching regex '(?P<pattern>.*)'$", raw)
     if regex:
@@ -132,7 +136,7 @@ def leaf_message(raw: str, typ, value: object) -> str:
     return f"{raw}{got} (allowed: {describe(typ)})"
 
 
-def describe(typ) -> str:
+def describe(typ: Any) -> str:
     """What a key of type `typ` allows, as the reference and policies/default.toml say it."""
     info = mi.type_info(typ)
     base = info
@@ -151,7 +155,7 @@ def _description(info: mi.Type) -> str:
     while isinstance(info, mi.Metadata):
         text = (info.extra_json_schema or {}).get("description")
         if text:
-            return text.rstrip(".")
+            return str(text).rstrip(".")
         info = info.type
     return ""
 
@@ -171,17 +175,17 @@ def _strip_location(raw: str) -> str:
 # --- types ---------------------------------------------------------------------------
 
 
-def _unwrap(t):
+def _unwrap(t: Any) -> Any:
     while typing.get_origin(t) is typing.Annotated:
         t = typing.get_args(t)[0]
     return t
 
 
-def _origin(t):
+def _origin(t: Any) -> Any:
     return typing.get_origin(t)
 
 
-def _struct_of(t) -> type | None:
+def _struct_of(t: Any) -> type | None:
     """The Struct type of `t`, or of the one Struct in a union (`X | None`)."""
     if isinstance(t, type) and issubclass(t, msgspec.Struct):
         return t
@@ -191,7 +195,7 @@ def _struct_of(t) -> type | None:
     return None
 
 
-def _literals(t) -> list:
+def _literals(t: Any) -> list[Any]:
     if _origin(t) is typing.Literal:
         return list(typing.get_args(t))
     return [v for arg in typing.get_args(t) for v in _literals(_unwrap(arg))]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -70,14 +71,15 @@ def parse_policy_file(text: str, source: str) -> Policy:
     return policy_from_builtins(data, source, text)
 
 
-def _decode(text: str, source: str) -> dict:
+def _decode(text: str, source: str) -> dict[str, Any]:
     try:
-        return msgspec.toml.decode(text.encode("utf-8"))
+        decoded: dict[str, Any] = msgspec.toml.decode(text.encode("utf-8"))
+        return decoded
     except msgspec.DecodeError as exc:
         raise PolicyError(source, [f"not valid TOML: {_toml_message(exc)}"]) from None
 
 
-def policy_from_builtins(data: dict, source: str, text: str = "") -> Policy:
+def policy_from_builtins(data: dict[str, Any], source: str, text: str = "") -> Policy:
     """Validate plain data (decoded TOML, or defaults with command-line overrides)."""
     try:
         policy = msgspec.convert(data, type=Policy)
@@ -124,7 +126,7 @@ def locate(text: str, path: str) -> int | None:
     return toml_lines.locate(text, path) if text else None
 
 
-def _render(path: str, message: str, text: str, source: str, line_parts: tuple | None = None) -> str:
+def _render(path: str, message: str, text: str, source: str, line_parts: tuple[Any, ...] | None = None) -> str:
     at = toml_lines.path_text(list(line_parts)) if line_parts else path
     line = locate(text, at)
     where = f"{source}:{line}: " if line else ""

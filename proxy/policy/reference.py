@@ -19,6 +19,7 @@ import json
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import msgspec.inspect as mi
@@ -44,7 +45,9 @@ class Table:
 
 
 def tables() -> list[Table]:
-    return list(_walk(mi.type_info(Policy), "", False, Policy.__doc__ or ""))
+    info = mi.type_info(Policy)
+    assert isinstance(info, mi.StructType)
+    return list(_walk(info, "", False, Policy.__doc__ or ""))
 
 
 def _walk(info: mi.StructType, path: str, array: bool, doc: str) -> Iterator[Table]:
@@ -74,10 +77,10 @@ def _struct_in(t: mi.Type) -> tuple[mi.StructType | None, str]:
     t = _unwrap(t)
     if isinstance(t, mi.StructType):
         return t, "struct"
-    if isinstance(t, mi.ListType) and isinstance(_unwrap(t.item_type), mi.StructType):
-        return _unwrap(t.item_type), "list"
-    if isinstance(t, mi.DictType) and isinstance(_unwrap(t.value_type), mi.StructType):
-        return _unwrap(t.value_type), "dict"
+    if isinstance(t, mi.ListType) and isinstance(item := _unwrap(t.item_type), mi.StructType):
+        return item, "list"
+    if isinstance(t, mi.DictType) and isinstance(value := _unwrap(t.value_type), mi.StructType):
+        return value, "dict"
     return None, ""
 
 
@@ -116,8 +119,9 @@ def value_range(t: mi.Type) -> str:
         value = getattr(t, attr, None)
         if value is not None:
             parts.append(f"{sym} {value:g}" if isinstance(value, float) else f"{sym} {value}")
-    if getattr(t, "min_length", None):
-        parts.append(f"at least {t.min_length} item(s)")
+    min_length = getattr(t, "min_length", None)
+    if min_length:
+        parts.append(f"at least {min_length} item(s)")
     return ", ".join(parts)
 
 
@@ -232,7 +236,7 @@ def default_toml() -> str:
     return "\n".join(out)
 
 
-def _instances(defaults: dict, table: Table) -> Iterator[tuple[str, dict]]:
+def _instances(defaults: dict[str, Any], table: Table) -> Iterator[tuple[str, dict[str, Any]]]:
     """(header, values) for each default instance of `table`: one, one per array item or map key."""
     prefix, _, _ = table.path.partition(".<name>")
     value = _lookup(defaults, prefix)
@@ -246,10 +250,11 @@ def _instances(defaults: dict, table: Table) -> Iterator[tuple[str, dict]]:
         yield f"[{table.path}]", value
 
 
-def _lookup(data: dict, path: str):
+def _lookup(data: dict[str, Any], path: str) -> Any:
+    found: Any = data
     for part in path.split("."):
-        data = data.get(part) if isinstance(data, dict) else None
-    return data
+        found = found.get(part) if isinstance(found, dict) else None
+    return found
 
 
 if __name__ == "__main__":

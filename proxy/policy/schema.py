@@ -43,7 +43,7 @@ PATTERN_HINTS = {
 HostPort = Annotated[str, Meta(pattern=HOST_PORT_RE, description="HOST:PORT; [::1]:PORT for IPv6")]
 
 
-class Listen(Section):
+class Listen(Section, frozen=True):
     """The data-path listener: HTTP/1.1 and h2c (prior knowledge) on one port."""
 
     address: Annotated[HostPort, Meta(description="Where clients connect.")] = "0.0.0.0:8080"
@@ -170,7 +170,7 @@ class Listen(Section):
 
 
 @cross_check
-def check_listen(policy) -> list[str]:
+def check_listen(policy: Policy) -> list[str]:
     listen = policy.listen
     if listen.h2_body_bytes_per_connection < listen.max_body_bytes:
         return [
@@ -180,7 +180,7 @@ def check_listen(policy) -> list[str]:
     return []
 
 
-class Admin(Section):
+class Admin(Section, frozen=True):
     """The admin listener: /healthz, /readyz, /metrics, /admin/stats, /admin/policy."""
 
     address: Annotated[
@@ -188,7 +188,7 @@ class Admin(Section):
     ] = "127.0.0.1:9090"
 
 
-class Upstream(Section):
+class Upstream(Section, frozen=True):
     """One model server the sidecar forwards to."""
 
     url: Annotated[
@@ -244,7 +244,7 @@ class Upstream(Section):
     ] = "auto"
 
 
-class Policy(Section):
+class Policy(Section, frozen=True):
     """A whole rampmeter policy. Every table and key is optional."""
 
     listen: Listen = Listen()

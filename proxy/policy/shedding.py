@@ -30,7 +30,7 @@ ALL_RULES: tuple[Rule, ...] = ("queue_length", "gpu_memory", "saturation", "code
 DEFAULT_RULES: tuple[Rule, ...] = ("queue_length", "gpu_memory", "codel")
 
 
-class Shedding(Section):
+class Shedding(Section, frozen=True):
     """Shedding at arrival, before enqueue, lowest class first (docs/shedding.md)."""
 
     rules: Annotated[
@@ -128,7 +128,7 @@ class Shedding(Section):
             raise ValueError("rules lists a rule twice")
 
 
-class Tenants(Section):
+class Tenants(Section, frozen=True):
     """Per-tenant token buckets answering 429 tenant_quota."""
 
     enabled: Annotated[bool, Meta(description="Charge every request to its tenant's token bucket.")] = False
@@ -154,7 +154,7 @@ class Tenants(Section):
     ] = 10_000
 
 
-class Latency(Section):
+class Latency(Section, frozen=True):
     """Windowed latency quantiles (service, queue wait, end to end) and the client timeout hint."""
 
     window_s: Annotated[float, Meta(gt=0, le=3600, description="How far back quantiles look.")] = 60.0

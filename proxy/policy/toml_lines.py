@@ -18,6 +18,7 @@ document that decoded.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 _BARE = r"[A-Za-z0-9_-]+"
 _PART = re.compile(rf"\s*(?:\"((?:[^\"\\]|\\.)*)\"|'([^']*)'|({_BARE}))\s*(\.|$)")
@@ -57,7 +58,7 @@ def key_lines(text: str) -> dict[str, int]:
     """Every table and key path written in `text`, with the first line that writes it (1-based)."""
     lines: dict[str, int] = {}
     arrays: dict[str, int] = {}  # array-of-tables path -> index of its last element
-    table: list = []
+    table: list[Any] = []
     depth = 0  # open brackets / braces of a multi-line value
     in_string: str | None = None  # the delimiter of an open multi-line string
     for lineno, line in enumerate(text.splitlines(), 1):
@@ -97,9 +98,9 @@ def locate(text: str, path: str) -> int | None:
     return None
 
 
-def _resolve(parts: list[str], arrays: dict[str, int]) -> list:
+def _resolve(parts: list[str], arrays: dict[str, int]) -> list[Any]:
     """A header's key parts, with the current element index after each array of tables they pass."""
-    out: list = []
+    out: list[Any] = []
     for part in parts:
         out.append(part)
         name = path_text(out)
@@ -108,7 +109,7 @@ def _resolve(parts: list[str], arrays: dict[str, int]) -> list:
     return out
 
 
-def _record(lines: dict[str, int], parts: list, lineno: int) -> None:
+def _record(lines: dict[str, int], parts: list[Any], lineno: int) -> None:
     for end in range(1, len(parts) + 1):
         lines.setdefault(path_text(parts[:end]), lineno)
 

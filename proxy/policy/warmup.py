@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 UrlPath = Annotated[str, Meta(pattern=r"^/[^\s#]*$", description="An absolute request path, e.g. /v1/completions")]
 
 
-class Probe(Section):
+class Probe(Section, frozen=True):
     """One warm-up request shape; use several (short and long prompts, small and large
     outputs) so the kernels for several sizes are compiled before real traffic arrives."""
 
@@ -67,7 +67,7 @@ class Probe(Section):
     ] = 8
 
 
-class Warmup(Section):
+class Warmup(Section, frozen=True):
     """Health checks, restart detection and warm-up probes, per upstream."""
 
     health_check: Annotated[
@@ -171,7 +171,7 @@ class Warmup(Section):
     ] = 10.0
 
 
-class Readiness(Section):
+class Readiness(Section, frozen=True):
     """What requests get while no upstream is warm."""
 
     before_warm: Annotated[
@@ -189,7 +189,7 @@ class Readiness(Section):
     ] = 30_000
 
 
-class SlowStart(Section):
+class SlowStart(Section, frozen=True):
     """Ramp of the admission limit after warm-up: limit x max(min_weight, (t/window)^(1/aggression))."""
 
     window_s: Annotated[float, Meta(ge=0, le=3600, description="Length of the ramp; 0 turns slow start off.")] = 10.0
@@ -206,7 +206,7 @@ class SlowStart(Section):
     ] = 0.5
 
 
-class Gpu(Section):
+class Gpu(Section, frozen=True):
     """GPU signals: NVML sampling and the model server's own saturation gauges."""
 
     enabled: Annotated[

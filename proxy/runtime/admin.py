@@ -96,7 +96,9 @@ class AdminHandler:
         except ValueError as exc:
             await _text(sink, 400, f"{exc}\n")
             return
-        result = await self._drain(timeout_s)
+        drain = self._drain
+        assert drain is not None  # routed here only when there is one
+        result = await drain(timeout_s)
         await _send_json(sink, dataclasses.asdict(result), result.status)
 
 

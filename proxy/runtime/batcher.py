@@ -208,6 +208,7 @@ class Batcher:
                 scoped=scoped,
             )
         assert scoped, "a batched request runs under its deadline's scope"
+        assert isinstance(part, Part)  # an Unbatchable went alone above (_alone names why)
         answer = await self._gather(route, upstream, pool, timeout_s, request, body, part, ticket)
         result = Forwarded(answer.outcome, answer.status, answer.service_ms, answer.observed, answer.reason)
         if on_complete is not None:
@@ -278,6 +279,8 @@ class Batcher:
     # --- sending ---------------------------------------------------------------
 
     def _act(self, lane: _Lane, batches: list[Batch]) -> None:
+        nursery = self._nursery
+        assert nursery is not None  # lanes act only while run() is serving
         now = trio.current_time()
         for batch in batches:
             waiters = [self._waiters[m.id] for m in batch.members]
@@ -285,7 +288,7 @@ class Batcher:
             for w in waiters:
                 w.flight = flight
             lane.route.m.sent(batch, now)
-            self._nursery.start_soon(self._send, lane, batch, waiters, flight)
+            nursery.start_soon(self._send, lane, batch, waiters, flight)
         self._rearm(lane)
 
     def _rearm(self, lane: _Lane) -> None:
@@ -424,7 +427,7 @@ def _failed(outcome: Outcome, reason: wire.Reason, message: str) -> _Answer:
 
 
 class _RouteMetrics:
-    """The batching metrics of one route (proxy/runtime/metrics.py SPECS), children bound once."""
+    """The batching metrics of one route (proxy/metrics.py SPECS), children bound once."""
 
     def __init__(self, metrics, route: str) -> None:
         self._m = metrics

@@ -20,6 +20,8 @@ from proxy.core.cost import CostSource
 from proxy.core.decisions import Ticket
 from proxy.core.token_bucket import tenant_key
 from proxy.http.messages import Request
+from proxy.policy.schema import Policy
+from proxy.runtime.scheduler import Scheduler
 
 _PRIORITY = wire.PRIORITY.encode()
 _TIMEOUT = wire.REQUEST_TIMEOUT_MS.encode()
@@ -36,7 +38,7 @@ class BodyError(wire.HeaderError):
         super().__init__("request body", problem)
 
 
-def classify(request: Request, body: bytes, now: float, scheduler, policy) -> Ticket:
+def classify(request: Request, body: bytes, now: float, scheduler: Scheduler, policy: Policy) -> Ticket:
     """The admission ticket for `request`; raises wire.HeaderError on a malformed header."""
     priority = cost_hint = timeout = grpc_timeout = x_tenant = authorization = None
     for name, value in request.headers:  # one pass over the headers

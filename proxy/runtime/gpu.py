@@ -31,8 +31,8 @@ from typing import Any
 
 import trio
 
+from proxy.metrics import Metrics
 from proxy.policy.warmup import Gpu
-from proxy.runtime.metrics import Metrics
 
 log = logging.getLogger("rampmeter.gpu")
 
@@ -99,10 +99,10 @@ class GpuSampler:
         nvml = self._nvml
         if nvml is None:
             try:
-                import pynvml as nvml  # nvidia-ml-py; importing needs no driver, nvmlInit does
+                import pynvml  # nvidia-ml-py; importing needs no driver, nvmlInit does
             except ImportError as exc:
                 return self._off(f"nvidia-ml-py is not installed ({exc})")
-            self._nvml = nvml
+            self._nvml = nvml = pynvml
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, NoPermission...

@@ -16,14 +16,16 @@ by latency.max_keys per family.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import trio
 from prometheus_client.core import GaugeMetricFamily
 
 from proxy.core import deadline as dl
 from proxy.core.arrival import service_key
 from proxy.core.decisions import Ticket
+from proxy.metrics import PREFIX, SPECS
 from proxy.policy import shedding as shedding_policy
-from proxy.runtime.metrics import PREFIX, SPECS
 
 QUANTILES = (0.5, 0.9, 0.99)
 _SPEC = next(spec for spec in SPECS if spec.name == "pod_latency_quantile_seconds")
@@ -56,13 +58,15 @@ class Observatory:
             fallback_ms if p99 is None else p99, p.timeout_hint_factor, p.timeout_hint_min_ms, p.timeout_hint_max_ms
         )
 
-    def statistics(self, now: float) -> dict:
-        out: dict = {}
+    def statistics(self, now: float) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         for kind, family in self.families.items():
             rows = []
             for key in family.keys():  # noqa: SIM118 - a Family, not a dict
                 tracker = family.tracker(key)
-                route, bucket = key
+                if tracker is None:
+                    continue
+                route, bucket = cast("tuple[str, int]", key)  # service_key(): (route, cost bucket)
                 rows.append(
                     {
                         "route": route,

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import httpx
 import trio
 
+from proxy.metrics import Metrics
 from proxy.policy.schema import Policy
-from proxy.runtime.metrics import Metrics
 from proxy.runtime.probes import new_client
 from proxy.runtime.warmup import UpstreamWarmer, UpstreamWarmupStatistics, now_or_zero
 

@@ -179,7 +179,9 @@ async def _bounded(pool, upstream, bound, *args) -> Forwarded:
         return await _exchange(pool, upstream, *args)
 
 
-async def _exchange(pool, upstream, request, headers, body, sink, extra_headers, finished, deadline=None) -> Forwarded:
+async def _exchange(
+    pool, upstream, request, headers, body, sink, extra_headers, finished, *, deadline=None
+) -> Forwarded:
     args: tuple = () if deadline is None else (deadline,)
     if request.trailers:  # the client's request trailers go up after the body (rare: gRPC sends none)
         args = (math.inf if deadline is None else deadline, fwd.request_trailers(request.trailers))

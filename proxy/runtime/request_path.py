@@ -12,7 +12,10 @@ reads like the path itself:
     record latency, resolve dedup, release the slot exactly once
 
 Each step is a call into the module that owns it; this file only sequences them
-and answers per the wire contract (proxy/core/wire.py). A request whose deadline
+and answers per the wire contract (proxy/core/wire.py). The parts it calls are typed
+and named (`Collaborators`: scheduler, dedup, readiness, pool, observatory, metrics,
+batcher, the policy), built by `App`; a policy reload hands over a whole new, immutable set
+(`RequestPath.update`), and each request uses the one set it started with. A request whose deadline
 passes is answered 504 deadline_expired, and its upstream exchange is cancelled,
 freeing the GPU. How the deadline is applied depends on whether the request can
 wait anywhere that only a cancel scope bounds:
@@ -46,21 +49,28 @@ client's retry, and its lease ends when the server is really done.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import trio
 
-from proxy.core import deadline as dl
 from proxy.core import wire
 from proxy.core.arrival import service_key
 from proxy.core.decisions import Outcome, Reject, Ticket
 from proxy.core.served_paths import ServedPaths
 from proxy.errors import ResponseCut, UpstreamTimeout
 from proxy.http.messages import Request, ResponseSink
+from proxy.http.pool import UpstreamPool
 from proxy.http.ratelog import RateLimitedLog
+from proxy.metrics import Metrics
+from proxy.policy.schema import Policy
 from proxy.runtime import edge, grpc_answers
+from proxy.runtime.batcher import Batcher
 from proxy.runtime.classify import classify
-from proxy.runtime.dedup import Follower, Leader, Replay
+from proxy.runtime.dedup import Dedup, Follower, Leader, LeaderHandle, Replay
+from proxy.runtime.observe import Observatory
 from proxy.runtime.relay import Forwarded
+from proxy.runtime.scheduler import Scheduler, Slot
 from proxy.runtime.sinks import RecordingSink, TeeSink, play
 
 log = logging.getLogger("rampmeter.request")
@@ -75,51 +85,84 @@ _NOT_SERVED = (
     b'{"error": {"type": "invalid_request_error", "code": "not_found", '
     b'"message": "this path is not served here (listen.served_paths)"}}'
 )
-_TOO_LATE = Reject(wire.Reason.DEADLINE_EXPIRED, None, "the deadline no longer covers the expected service time")
 
 
 class ResponseAborted(ResponseCut):
     """The response had started when the deadline passed: the client's stream is cut."""
 
 
-class RequestPath:
-    """Handler for the data listener; one per sidecar. `app` holds the parts (swapped on reload)."""
+class Readiness(Protocol):
+    """What the request path asks of readiness (proxy/runtime/readiness.py UpstreamLifecycles)."""
 
-    def __init__(self, app) -> None:
-        self.app = app
-        metrics = app.metrics
+    @property
+    def ready(self) -> bool: ...
+
+    async def hold_until_ready(self, deadline: float) -> bool: ...
+
+    def not_ready_reason(self) -> str: ...
+
+    def report_result(self, index: int, ok: bool) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Collaborators:
+    """The parts one request uses, built by `App` for one policy; a reload builds a new set."""
+
+    policy: Policy
+    scheduler: Scheduler
+    dedup: Dedup
+    readiness: Readiness
+    pool: UpstreamPool
+    observatory: Observatory
+    metrics: Metrics
+    batcher: Batcher
+
+
+class RequestPath:
+    """Handler for the data listener; one per sidecar."""
+
+    def __init__(self, parts: Collaborators) -> None:
+        self.nursery: trio.Nursery | None = None  # the app's: background dedup leaders run in it (App.run sets it)
+        self._rejections: dict[tuple[str, wire.Reason], Any] = {}  # prometheus children, bound once
+        self._goodput: dict[str, Any] = {}
+        self.update(parts)
+
+    def update(self, parts: Collaborators) -> None:
+        """Put a new set of parts in force (a reload): requests from now on use it whole."""
+        metrics = parts.metrics  # the same registry across reloads: the bound children stay valid
         self._rejections_metric = metrics.rejections
-        self._rejections: dict[tuple[str, wire.Reason], object] = {}
-        self._goodput: dict[str, object] = {}
         self._goodput_metric = metrics.goodput
-        self._listen = app.policy.listen
-        self._served = ServedPaths(self._listen.served_paths)
+        self._served = ServedPaths(parts.policy.listen.served_paths)
+        self._parts = parts
+
+    @property
+    def parts(self) -> Collaborators:
+        return self._parts
 
     async def __call__(self, request: Request, sink: ResponseSink) -> None:
-        app = self.app
+        p = self._parts
         sink = grpc_answers.for_request(request, sink)  # a gRPC client gets rejections gRPC-shaped
-        if app.policy.listen is not self._listen:
-            self._listen = app.policy.listen
-            self._served = ServedPaths(self._listen.served_paths)
         if not self._served.allows(request.path):
             await sink.respond(404, _JSON, _NOT_SERVED)  # listen.served_paths: not the model's to answer
             return
         body = await request.body.read_all()
         try:
-            ticket = classify(request, body, trio.current_time(), app.scheduler, app.policy)
+            ticket = classify(request, body, trio.current_time(), p.scheduler, p.policy)
             request.klass = ticket.klass  # the class label of rampmeter_requests_total
             edge.note_ticket(ticket)  # access log, span
-            identity = app.dedup.identify(request.method, request.target, request.headers, body)
+            identity = p.dedup.identify(request.method, request.target, request.headers, body)
         except wire.HeaderError as exc:
             await self.reject(sink, Reject(wire.Reason.BAD_REQUEST, None, str(exc)))
             return
         if identity is None:
-            await self.execute(request, body, ticket, sink)
+            await self.execute(request, body, ticket, sink, parts=p)
         else:
-            await self._idempotent(request, body, ticket, identity, sink)
+            await self._idempotent(request, body, ticket, identity, sink, p)
 
-    async def _idempotent(self, request: Request, body: bytes, ticket: Ticket, identity, sink) -> None:
-        dedup = self.app.dedup
+    async def _idempotent(
+        self, request: Request, body: bytes, ticket: Ticket, identity: Any, sink: ResponseSink, p: Collaborators
+    ) -> None:
+        dedup = p.dedup
         # Shielded (the guard bounds it by store_timeout_ms): a client that leaves mid-claim
         # must not cancel it after Redis took the claim but before we heard so; that leaves a
         # claim with no leader, which every retry follows until the lease lapses. Once it
@@ -129,58 +172,68 @@ class RequestPath:
         edge.note_idempotency(outcome)
         if isinstance(outcome, Leader):
             handle = outcome.handle
-            if dedup.policy.continue_on_disconnect:
+            if dedup.policy.continue_on_disconnect and self.nursery is not None:
                 own = handle.subscribe()  # before anything is recorded
-                self.app.nursery.start_soon(self._lead, request, body, ticket, handle)
+                self.nursery.start_soon(self._lead, request, body, ticket, handle, p)
                 await play(own, sink)
             else:
                 async with handle:
-                    await self.execute(request, body, ticket, TeeSink(sink, RecordingSink(handle)))
+                    await self.execute(request, body, ticket, TeeSink(sink, RecordingSink(handle)), parts=p)
                     await handle.finish(True)
         elif isinstance(outcome, Follower | Replay):
             await play(outcome.events, sink)
         else:  # Mismatch, InFlightConflict, StoreDown
             await sink.respond(*outcome.answer())
 
-    async def _lead(self, request: Request, body: bytes, ticket: Ticket, handle) -> None:
+    async def _lead(
+        self, request: Request, body: bytes, ticket: Ticket, handle: LeaderHandle, p: Collaborators
+    ) -> None:
         """The leader's exchange, outliving its client; never lets an error reach the nursery."""
         try:
             async with handle:
-                await self.execute(request, body, ticket, RecordingSink(handle), outlive=True)
+                await self.execute(request, body, ticket, RecordingSink(handle), outlive=True, parts=p)
                 await handle.finish(True)
         except Exception:  # the handle told its readers; the app must keep serving
             log.debug("idempotent exchange failed", exc_info=True)
 
     async def execute(
-        self, request: Request, body: bytes, ticket: Ticket, sink: ResponseSink, *, outlive: bool = False
+        self,
+        request: Request,
+        body: bytes,
+        ticket: Ticket,
+        sink: ResponseSink,
+        *,
+        outlive: bool = False,
+        parts: Collaborators | None = None,
     ) -> None:
         """Readiness, admission and the upstream exchange, all under the ticket's deadline (`outlive`:
         a background leader, which a server that keeps computing may finish past it)."""
-        app = self.app
-        if app.lifecycles.ready and request.http_version != "2" and not outlive and not app.batcher.batches(request):
+        p = self._parts if parts is None else parts
+        readiness, scheduler = p.readiness, p.scheduler
+        if readiness.ready and request.http_version != "2" and not outlive and not p.batcher.batches(request):
             # HTTP/1.1 fast path, no cancel scope: the pool bounds the exchange by the deadline.
             request.deadline = ticket.deadline
-            async with app.scheduler.admit(ticket) as slot:
+            async with scheduler.admit(ticket) as slot:
                 refusal = slot.rejection
                 if refusal is None:
-                    refusal = await self._forward(request, body, ticket, slot, sink, scoped=False)
+                    refusal = await self._forward(request, body, ticket, slot, sink, p, scoped=False)
             if refusal is not None:
                 await self.reject(sink, refusal, ticket.klass)
             return
         refusal = None
         with trio.move_on_at(ticket.deadline) as deadline:
-            if not app.lifecycles.ready and not await app.lifecycles.hold_until_ready(ticket.deadline):
-                retry_ms = app.policy.readiness.retry_after_ms
-                refusal = Reject(wire.Reason.NOT_READY, retry_ms, app.lifecycles.not_ready_reason())
+            if not readiness.ready and not await readiness.hold_until_ready(ticket.deadline):
+                retry_ms = p.policy.readiness.retry_after_ms
+                refusal = Reject(wire.Reason.NOT_READY, retry_ms, readiness.not_ready_reason())
             else:
-                async with app.scheduler.admit(ticket) as slot:
+                async with scheduler.admit(ticket) as slot:
                     if slot.rejection is not None:
                         refusal = slot.rejection
                     else:
-                        if outlive and app.scheduler.keeps_computing(slot.upstream):
+                        if outlive and scheduler.keeps_computing(slot.upstream):
                             # The server finishes it whether we wait or not: wait, for the retry's sake.
-                            deadline.deadline = trio.current_time() + app.policy.upstreams[slot.upstream].timeout_s
-                        refusal = await self._forward(request, body, ticket, slot, sink)
+                            deadline.deadline = trio.current_time() + p.policy.upstreams[slot.upstream].timeout_s
+                        refusal = await self._forward(request, body, ticket, slot, sink, p)
         # Refusals are written outside the deadline's scope: a deadline that passes while the
         # answer is being written must not cut it (a 1 ms budget would get a dropped connection).
         if refusal is not None:
@@ -198,33 +251,28 @@ class RequestPath:
             await self.reject(sink, expired, ticket.klass)
 
     async def _forward(
-        self, request: Request, body: bytes, ticket: Ticket, slot, sink: ResponseSink, scoped: bool = True
+        self,
+        request: Request,
+        body: bytes,
+        ticket: Ticket,
+        slot: Slot,
+        sink: ResponseSink,
+        p: Collaborators,
+        scoped: bool = True,
     ) -> Reject | None:
-        """Forward and relay; or, when the time left is below the p99 service time, the refusal to answer."""
-        app = self.app
+        """Forward and relay, with the queue wait and the timeout hint as headers. Whether the
+        deadline still covers the service time was admission's to judge (proxy/core/admission.py)."""
         now = trio.current_time()
         queue_ms = slot.queue_ms
         edge.note_admitted(slot.upstream, queue_ms)
-        app.gate.shedder.on_dequeue(queue_ms, app.gate.rank(ticket.klass), now)
-        service_ms = app.gate.service_ms(ticket, now)
-        # The arrival check's rule, again at dequeue (docs/shedding.md): the queue's own expiry
-        # uses the mean expected time; work that would likely be cut at the deadline is not
-        # started. "try" classes go ahead while any time is left, as they ask.
-        if (
-            ticket.deadline is not None
-            and app.policy.classes[ticket.klass].on_unmeetable == "reject"
-            and dl.should_expire(now, ticket.deadline, service_ms)
-        ):
-            slot.done(Outcome.CANCELLED)
-            return _TOO_LATE
-        hint = app.observatory.timeout_hint_ms(ticket, now, service_ms + queue_ms)
+        hint = p.observatory.timeout_hint_ms(ticket, now, slot.service_ms + queue_ms)
         extra = [
             (_QUEUE_MS, b"%d" % queue_ms),
             (_HINT_MS, b"%d" % hint),
             (_HINT_KEY, wire.hint_key(*service_key(ticket))),
         ]
         upstream = slot.upstream
-        timeout_s = app.policy.upstreams[upstream].timeout_s
+        timeout_s = p.policy.upstreams[upstream].timeout_s
 
         # The slot is released when the upstream's part is over, before the last write to the client
         # (a deadline the pool ended it at is a censored cut, as the scope's cancellation would be).
@@ -236,8 +284,8 @@ class RequestPath:
 
         try:
             # The batcher forwards it alone (relay.forward) unless its route batches (proxy/runtime/batcher.py).
-            result = await app.batcher.forward(
-                app.pool, upstream, timeout_s, request, body, sink, extra, ticket, release, scoped=scoped
+            result = await p.batcher.forward(
+                p.pool, upstream, timeout_s, request, body, sink, extra, ticket, release, scoped=scoped
             )
         except (UpstreamTimeout, trio.TooSlowError) as exc:  # unscoped only: the deadline passed mid-stream
             if not slot.released:
@@ -253,11 +301,11 @@ class RequestPath:
         if result.reason is wire.Reason.DEADLINE_EXPIRED:  # unscoped only: as the scope's cancellation would be
             self._count_rejection(ticket.klass, result.reason)
             return None
-        app.lifecycles.report_result(upstream, result.outcome not in _FAILED)
+        p.readiness.report_result(upstream, result.outcome not in _FAILED)
         if result.cut:
             raise ResponseCut("the upstream failed mid-response")  # relay logged it
         done_at = trio.current_time()
-        app.observatory.record(ticket, queue_ms, result.service_ms, done_at)
+        p.observatory.record(ticket, queue_ms, result.service_ms, done_at)
         if result.reason is not None:
             self._count_rejection(ticket.klass, result.reason)
         elif 200 <= result.status < 300 and done_at <= ticket.deadline:

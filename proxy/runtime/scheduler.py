@@ -7,7 +7,8 @@ delivers the decisions the controller returns after each call. Time is
 
 Usage, on the request path (no exception for a rejection: a value, as everywhere):
 
-    ticket = scheduler.ticket(priority_header, scheduler.estimate(path, body, hint), deadline)
+    klass = scheduler.resolve_class(priority_header)  # once, at the edge (proxy/runtime/classify.py)
+    ticket = scheduler.ticket(klass, scheduler.estimate(path, body, hint), deadline)
     with trio.move_on_at(deadline):                 # the caller's one deadline
         async with scheduler.admit(ticket) as slot:
             if slot.rejection is not None:          # Reject: answer it (slot.rejection.response())
@@ -26,8 +27,9 @@ straight back. Waiting is bounded by the caller's cancel scope and by the
 controller's expiry time (deadline minus expected service time), after which
 the slot carries Reject(DEADLINE_EXPIRED).
 
-Reload: `apply_policy` swaps the controller's policy (queued requests stay, see
-the core) and re-arms every waiter's expiry timer.
+Reload: `apply_policy` swaps the controller's policy, with the arrival gate and the
+service-time family built for it (queued requests stay, see the core), and re-arms
+every waiter's expiry timer.
 
 Phantom leases (proxy/core/phantoms.py) end on a timer: `run()` (a task the app
 starts) sleeps until the controller's next phantom end, calls `expire` there and
@@ -39,10 +41,12 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
+from types import TracebackType
 
 import trio
 
-from proxy.core.admission import AdmissionController
+from proxy.core.admission import AdmissionController, Gate
 from proxy.core.cost import Cost
 from proxy.core.decisions import (
     Admit,
@@ -55,6 +59,7 @@ from proxy.core.decisions import (
     Reject,
     Ticket,
 )
+from proxy.core.quantiles import LatencyFamily
 from proxy.core.wire import Reason
 
 
@@ -76,6 +81,11 @@ class Slot:
     @property
     def queue_ms(self) -> float:
         return 0.0 if self.lease is None else self.lease.queue_ms
+
+    @property
+    def service_ms(self) -> float:
+        """The service time admission planned this request with (computed once, by the controller)."""
+        return 0.0 if self.lease is None else self.lease.service_ms
 
     def done(self, outcome: Outcome, rtt_ms: float | None = None, observed: Observed | None = None) -> None:
         """End the lease; feeds the limit and the service model. Once only."""
@@ -106,13 +116,16 @@ class _Admission:
     __slots__ = ("_scheduler", "_slot", "_ticket")
 
     def __init__(self, scheduler: Scheduler, ticket: Ticket) -> None:
-        self._scheduler, self._ticket, self._slot = scheduler, ticket, None
+        self._scheduler, self._ticket = scheduler, ticket
+        self._slot: Slot | None = None
 
     async def __aenter__(self) -> Slot:
-        self._slot = await self._scheduler._acquire(self._ticket)
-        return self._slot
+        slot = self._slot = await self._scheduler._acquire(self._ticket)
+        return slot
 
-    async def __aexit__(self, exc_type, exc, tb) -> bool:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
         slot = self._slot
         if slot is not None and slot.lease is not None and not slot._done:
             cancelled = exc_type is not None and issubclass(exc_type, trio.Cancelled)
@@ -141,9 +154,13 @@ class Scheduler:
         rng: random.Random | None = None,
         metrics=None,
         balancer=None,
+        gate: Gate | None = None,
+        service: LatencyFamily | None = None,
     ) -> None:
         rng = rng if rng is not None else random.Random()
-        self.controller = AdmissionController(policy, upstream_count, rng, balancer=balancer)
+        self.controller = AdmissionController(
+            policy, upstream_count, rng, balancer=balancer, gate=gate, service=service
+        )
         self._waiters: dict[int, _Waiter] = {}
         self._phantom_changed = trio.Event()
         self._m = _Instruments(metrics, self.controller) if metrics is not None else None
@@ -174,13 +191,13 @@ class Scheduler:
 
     def ticket(
         self,
-        priority: bytes | str | None,
+        klass: str,
         cost: Cost,
-        deadline: float | None = None,
+        deadline: float = math.inf,
         budget_ms: int | None = None,
         tenant: bytes = b"",
     ) -> Ticket:
-        klass = self.resolve_class(priority)
+        """The ticket for a request of `klass` (resolved already: `resolve_class`)."""
         return self.controller.ticket(klass, cost, deadline, budget_ms, tenant, trio.current_time())
 
     def resolve_class(self, priority: bytes | str | None) -> str:
@@ -214,9 +231,10 @@ class Scheduler:
         if self._m:
             self._m.limit_changes(index)
 
-    def apply_policy(self, policy) -> None:
+    def apply_policy(self, policy, gate: Gate | None = None, service: LatencyFamily | None = None) -> None:
+        """A reloaded policy, with the gate and service-time family built for it (None: keep)."""
         ctl = self.controller
-        self._deliver(ctl.apply_policy(policy, trio.current_time()))
+        self._deliver(ctl.apply_policy(policy, trio.current_time(), gate, service))
         for ticket_id, waiter in self._waiters.items():
             at = ctl.expiry_of(ticket_id)
             waiter.scope.deadline = math.inf if at is None else at
@@ -275,7 +293,7 @@ class Scheduler:
         elif isinstance(waiter.result, Admit):
             self._release(waiter.result.lease, Outcome.CANCELLED, None, None)
 
-    def _deliver(self, decisions: list[Admit | Expired]) -> None:
+    def _deliver(self, decisions: Sequence[Admit | Expired]) -> None:
         for d in decisions:
             waiter = self._waiters.get(d.ticket.id)
             if waiter is None or waiter.result is not None:
@@ -306,7 +324,7 @@ def _or_inf(value: float | None) -> float:
 
 
 class _Instruments:
-    """The admission metrics (proxy/runtime/metrics.py SPECS), children bound once per label.
+    """The admission metrics (proxy/metrics.py SPECS), children bound once per label.
 
     Levels (queue depth, in-flight units, limit) are read from the controller at
     scrape time (Gauge.set_function), so the request path pays only for the

@@ -36,8 +36,8 @@ import httpx
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.metrics import Metrics
 from proxy.policy.schema import Policy
-from proxy.runtime.metrics import Metrics
 from proxy.runtime.probes import new_client
 
 log = logging.getLogger("rampmeter.upstream_metrics")

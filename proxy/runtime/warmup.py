@@ -43,8 +43,8 @@ from proxy.core.health import Answer, HealthDiscovery, next_check_in
 from proxy.core.lifecycle import Event, LifecycleStatistics, State, Transition, UpstreamLifecycle
 from proxy.core.slow_start import slow_start_factor
 from proxy.core.warmup import ProbePlan, ProbeResult, ShapeStatistics
+from proxy.metrics import Metrics
 from proxy.policy.schema import Policy
-from proxy.runtime.metrics import Metrics
 from proxy.runtime.probes import check_health, plan_for, read_bodies, run_probes
 
 log = logging.getLogger("rampmeter.warmup")

@@ -36,6 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import hpack
 from h2.errors import ErrorCodes
@@ -526,7 +527,7 @@ def stalled_bodies(target: tuple[str, int], stop: threading.Event, tally: Tally,
                 tally.add(connections=1, sent=1)
             ready = held.select(0.2)
             for key, _ in ready:
-                sock = key.fileobj
+                sock = cast(socket.socket, key.fileobj)  # registered above
                 try:
                     data = sock.recv(4096)
                 except OSError:
@@ -540,7 +541,7 @@ def stalled_bodies(target: tuple[str, int], stop: threading.Event, tally: Tally,
         with tally._lock:
             tally.outcomes["held_at_end"] += len(held.get_map())
         for key in list(held.get_map().values()):
-            key.fileobj.close()
+            cast(socket.socket, key.fileobj).close()
         held.close()
 
 

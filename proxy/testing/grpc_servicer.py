@@ -97,7 +97,7 @@ class Servicer:
         """A message every `request` ms until the client cancels (counted) or 10 s pass."""
         self._count()
         finished = threading.Event()
-        context.add_callback(lambda: finished.is_set() or self._cancelled())  # runs when the call ends
+        context.add_callback(lambda: None if finished.is_set() else self._cancelled())  # runs when the call ends
         every = int(request or b"20") / 1000.0
         until = time.monotonic() + 10.0
         i = 0

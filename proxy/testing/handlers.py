@@ -203,7 +203,7 @@ class H2Peer:
         path: bytes = b"/",
         *,
         method: bytes = b"GET",
-        headers: Headers = (),
+        headers: Headers | tuple[()] = (),
         body: bytes | None = None,
         end: bool = True,
     ) -> int:
@@ -260,7 +260,7 @@ class H2Peer:
             elif isinstance(event, h2.events.StreamReset) and stream:
                 stream.reset_code = int(event.error_code)
             elif isinstance(event, h2.events.ConnectionTerminated):
-                self.goaway = (int(event.error_code), int(event.last_stream_id))
+                self.goaway = (int(event.error_code or 0), int(event.last_stream_id or 0))
                 self.goaways.append(self.goaway)
             elif isinstance(event, h2.events.RemoteSettingsChanged):
                 changed = event.changed_settings.get(SettingCodes.MAX_CONCURRENT_STREAMS)

@@ -25,16 +25,10 @@ import time
 from pathlib import Path
 from typing import Self
 
-READY_PREFIX = "rampmeter-ready "
+from proxy.ready import READY_PREFIX, print_ready, ready_line
 
-
-def ready_line(addresses: dict[str, str]) -> str:
-    """The line a server prints when it is ready (see module doc)."""
-    return READY_PREFIX + json.dumps(addresses, sort_keys=True)
-
-
-def print_ready(addresses: dict[str, str]) -> None:
-    print(ready_line(addresses), flush=True)
+# The line itself is the product's (proxy/ready.py); re-exported for the callers here.
+__all__ = ["READY_PREFIX", "Proc", "ProcFailed", "print_ready", "ready_line", "wait_for"]
 
 
 class ProcFailed(RuntimeError):

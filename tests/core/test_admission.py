@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import msgspec
@@ -83,7 +84,7 @@ def ticket(
     klass: str = "interactive",
     expected_ms: float = 100.0,
     units: int = 1,
-    deadline: float | None = None,
+    deadline: float = math.inf,
 ) -> Ticket:
     return Ticket(next(_ids), klass, Cost(units, 0, units, route="/"), expected_ms, deadline)
 
@@ -290,14 +291,36 @@ def test_a_past_deadline_is_rejected_at_arrival():
     assert verdict.reason is Reason.DEADLINE_EXPIRED
 
 
-def test_pre_enqueue_checks_run_in_order_and_see_the_controller():
-    ctl = controller()
-    seen = []
-    ctl.checks.append(lambda c, t, now: seen.append((c, t.klass, now)))
-    ctl.checks.append(lambda c, t, now: Reject(Reason.GPU_PRESSURE, 1000, "hot") if t.klass == "batch" else None)
-    ctl.checks.append(lambda c, t, now: pytest.fail("not reached for batch"))
+class _Gate:
+    """A stand-in arrival gate that records what the controller hands it."""
+
+    def __init__(self) -> None:
+        self.seen: list = []
+        self.dequeued_waits: list = []
+
+    def __call__(self, t, now, load, service_ms):
+        self.seen.append((t.klass, now, load, service_ms))
+        return Reject(Reason.GPU_PRESSURE, 1000, "hot") if t.klass == "batch" else None
+
+    def retry_after(self, wait_ms: float) -> int:
+        return 4242
+
+    def dequeued(self, klass: str, wait_ms: float, now: float) -> None:
+        self.dequeued_waits.append((klass, wait_ms, now))
+
+
+def test_the_gate_judges_arrivals_from_the_load_estimator_and_hears_of_every_dequeue():
+    gate = _Gate()
+    ctl = AdmissionController(make_policy(1), rng=random.Random(0), gate=gate)
     assert ctl.arrive(ticket("batch"), 3.0) == Reject(Reason.GPU_PRESSURE, 1000, "hot")
-    assert seen == [(ctl, "batch", 3.0)]
+    assert [(k, now, load) for k, now, load, _ in gate.seen] == [("batch", 3.0, ctl.load)]
+    assert gate.seen[0][3] == 100.0  # the ticket's expected time: no observed p99, no floor
+    first = ctl.arrive(ticket("interactive"), 3.0)
+    assert isinstance(first, Admit) and first.lease.service_ms == 100.0  # handed on in the lease
+    queued = ctl.arrive(ticket("interactive"), 3.0)
+    assert isinstance(queued, Enqueue) and gate.dequeued_waits == [("interactive", 0.0, 3.0)]
+    woken = ctl.release(first.lease, 3.5, Outcome.SUCCESS, 500.0)
+    assert [type(d) for d in woken] == [Admit] and gate.dequeued_waits[-1] == ("interactive", 500.0, 3.5)
 
 
 def test_token_limits_and_oversized_requests():
@@ -346,14 +369,14 @@ def test_success_feeds_the_limit_and_the_service_model():
 
 def test_expected_wait_grows_with_the_work_ahead():
     ctl = controller(make_policy(1, order="fcfs"))
-    assert ctl.expected_wait_ms("interactive", 100.0, 0.0) == 0.0
+    assert ctl.load.expected_wait_ms("interactive", 100.0, 0.0) == 0.0
     ctl.arrive(ticket(expected_ms=100.0), 0.0)
     waits = []
     for _ in range(4):
-        waits.append(ctl.expected_wait_ms("interactive", 100.0, 0.0))
+        waits.append(ctl.load.expected_wait_ms("interactive", 100.0, 0.0))
         ctl.arrive(ticket(expected_ms=100.0), 0.0)
     assert waits == [50.0, 150.0, 250.0, 350.0]  # residual half of the running one, then 100 each
-    assert ctl.expected_wait_ms("realtime", 100.0, 0.0) == 50.0  # strict: nothing ahead of realtime
+    assert ctl.load.expected_wait_ms("realtime", 100.0, 0.0) == 50.0  # strict: nothing ahead of realtime
 
 
 def test_statistics_report_what_shedding_needs():
@@ -451,7 +474,7 @@ def test_inflight_never_exceeds_the_limit_and_overdue_entries_go_first(steps, li
                     klass,
                     float(n + 1),
                     units=n // 10 + 1,
-                    deadline=now + n / 100 if n % 3 == 0 else None,
+                    deadline=now + n / 100 if n % 3 == 0 else math.inf,
                 ),
                 now,
             )
@@ -483,7 +506,7 @@ def test_inflight_never_exceeds_the_limit_and_overdue_entries_go_first(steps, li
             now += n / 1000.0
         elif op == "expire":
             for e in ctl.expire(now):
-                assert e.ticket.deadline is not None
+                assert e.ticket.deadline != math.inf
             check(ctl.take_woken())
         assert ctl.capacity.used == [
             sum(ctl._charges[lz.id] for lz in leases if lz.upstream == i) for i in range(upstreams)
@@ -538,7 +561,7 @@ def test_the_load_snapshot_gives_each_class_its_own_oldest_wait_and_every_rule_r
     ctl.arrive(ticket("batch"), 0.0)
     ctl.arrive(ticket("interactive"), 0.2)
     ranked = ranked_classes(pol)
-    snap = ctl.load_snapshot(0.5, ranked, gpu_memory_fraction=0.1)
+    snap = ctl.load.snapshot(0.5, ranked, gpu_memory_fraction=0.1)
     assert ranked == ("realtime", "interactive", "batch")
     assert snap.queued_by_class == (0, 1, 1) and snap.gpu_memory_fraction == 0.1
     assert snap.head_wait_by_class == pytest.approx((0.0, 300.0, 500.0)) and snap.head_wait_ms == pytest.approx(500.0)
@@ -551,7 +574,7 @@ def test_the_load_snapshot_gives_each_class_its_own_oldest_wait_and_every_rule_r
         RetryAfter(100, 30_000, 0.0, random.Random(0)),
     )
     assert every_rule.check(snap, 0, 0.5) is None
-    later = ctl.load_snapshot(0.7, ranked)  # a full interval above target for batch and interactive
+    later = ctl.load.snapshot(0.7, ranked)  # a full interval above target for batch and interactive
     assert every_rule.check(later, 0, 0.7) is None
     assert every_rule.check(later, 1, 0.7).reason is Reason.OVERLOADED
 
@@ -562,13 +585,13 @@ def test_under_strict_priority_a_lower_class_wait_is_stretched_by_the_work_arriv
     for i in range(250):  # 50 s (5 time constants) of interactive arrivals, 5 a second, 100 ms of work each
         ctl.arrive(ticket("interactive", 100.0), i * 0.2)
     now = 50.0
-    assert ctl.overtaking_factor("batch", now) == pytest.approx(2.0, rel=0.1)  # half the slot: 1 / (1 - 0.5)
-    assert ctl.overtaking_factor("interactive", now) == 1.0 and ctl.overtaking_factor("realtime", now) == 1.0
-    assert ctl.expected_wait_ms("batch", 100.0, now) > 1.8 * ctl.expected_wait_ms("interactive", 100.0, now)
+    assert ctl.load.overtaking_factor("batch", now) == pytest.approx(2.0, rel=0.1)  # half the slot: 1 / (1 - 0.5)
+    assert ctl.load.overtaking_factor("interactive", now) == 1.0 and ctl.load.overtaking_factor("realtime", now) == 1.0
+    assert ctl.load.expected_wait_ms("batch", 100.0, now) > 1.8 * ctl.load.expected_wait_ms("interactive", 100.0, now)
     for i in range(400):  # then 20 a second: more than the slot can take
         ctl.arrive(ticket("interactive", 100.0), now + i * 0.05)
-    assert ctl.overtaking_factor("batch", now + 20.0) == pytest.approx(20.0)  # capped at MAX_RHO = 0.95
+    assert ctl.load.overtaking_factor("batch", now + 20.0) == pytest.approx(20.0)  # capped at MAX_RHO = 0.95
     weighted = controller(make_policy(1, class_mode="weighted"))
     weighted.arrive(ticket("interactive", 100.0), 0.0)
     weighted.arrive(ticket("interactive", 100.0), 0.0)
-    assert weighted.overtaking_factor("batch", 0.0) == 1.0  # no strict order: nobody overtakes for sure
+    assert weighted.load.overtaking_factor("batch", 0.0) == 1.0  # no strict order: nobody overtakes for sure

@@ -5,6 +5,7 @@ units until they end, exactly once, and in-flight including phantoms stays withi
 
 from __future__ import annotations
 
+import math
 import random
 
 from hypothesis import settings
@@ -63,7 +64,7 @@ class AdmissionMachine(RuleBasedStateMachine):
     def admitted(self, d: Admit) -> None:
         self.move(d.ticket.id, "admit")
         t = d.ticket
-        if t.deadline is not None:  # nothing past its deadline is admitted; from the queue, nothing past its expiry
+        if t.deadline != math.inf:  # nothing past its deadline is admitted; from the queue, nothing past its expiry
             assert self.now < t.deadline
             assert d.lease.queue_ms == 0 or self.now < self.ctl.waitline.expires_at(t)
         self.leases[t.id] = d.lease
@@ -74,7 +75,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         budget=st.one_of(st.none(), st.integers(1, 3000)),
     )
     def arrive(self, klass, expected, budget):
-        t = ticket(klass, float(expected), deadline=None if budget is None else self.now + budget / 1000.0)
+        t = ticket(klass, float(expected), deadline=math.inf if budget is None else self.now + budget / 1000.0)
         self.tickets[t.id] = t
         d = self.ctl.arrive(t, self.now)
         if isinstance(d, Admit):
@@ -140,7 +141,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         assert sum(cap.used) == len(self.leases) + phantoms  # requests unit
         assert self.ctl.counts["phantoms"] == phantoms + self.ctl.phantoms.ended  # each ends once
         queued = {i for i, s in self.state.items() if s == "queued"}
-        assert queued == self.ctl.waitline.ids()
+        assert queued == {e.ticket.id for q in self.ctl.waitline.queues.values() for e in q.entries()}
         for i in range(2):
             assert cap.general[i] >= 0 and cap.used[i] >= 0
 

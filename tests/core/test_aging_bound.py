@@ -53,8 +53,8 @@ def serial_run(
         else:
             now, ms = arrivals[i]
             i += 1
-            t = Ticket(next(_ids), "interactive", Cost(1, 0, 1, route="/"), ms)
-            fcfs_at[t.id] = ctl.fcfs_wait_ms(now)
+            t = Ticket(next(_ids), "interactive", Cost(1, 0, 1, route="/"), ms, math.inf)
+            fcfs_at[t.id] = ctl.load.fcfs_wait_ms(now)
             d = ctl.arrive(t, now)
             entry = ctl.waitline.get(t.id)
             admitted_due[t.id] = (entry.due_at, entry.enqueued_at) if entry is not None else (now, now)

@@ -103,11 +103,9 @@ def embeddings_policy(**sched) -> Policy:
 
 
 def gated(policy: Policy) -> AdmissionController:
-    ctl = AdmissionController(policy, rng=random.Random(0))
     service = shedding_policy.latency_family(policy.latency)
-    gate = ArrivalGate(policy, shedding_policy.shedder(policy.shedding, 3, random.Random(0)), None, service, ctl.models)
-    ctl.checks = [gate]
-    return ctl
+    gate = ArrivalGate(policy, shedding_policy.shedder(policy.shedding, 3, random.Random(0)), None)
+    return AdmissionController(policy, rng=random.Random(0), gate=gate, service=service)
 
 
 def embed(ctl: AdmissionController, now: float, budget_ms: int = 200) -> Ticket:
@@ -137,7 +135,7 @@ def test_an_unjudged_route_sends_one_request_with_a_deadline_at_a_time() -> None
     ctl = AdmissionController(embeddings_policy(), rng=random.Random(0))
     first = ctl.arrive(embed(ctl, 0.0, 5000), 0.0)
     second = ctl.arrive(embed(ctl, 0.0, 5000), 0.0)
-    free = Ticket(99, "interactive", Cost(1, 0, 1, route="/embeddings"), 9.0)  # no deadline: not held
+    free = Ticket(99, "interactive", Cost(1, 0, 1, route="/embeddings"), 9.0, math.inf)  # no deadline: not held
     third = ctl.arrive(free, 0.0)
     assert isinstance(first, Admit) and isinstance(second, Enqueue) and isinstance(third, Admit)
     woken = ctl.release(first.lease, 0.5, Outcome.SUCCESS, 500.0)  # the first answer judges the route

@@ -1,4 +1,4 @@
-"""The scheduling comparison's workload, oracle hints, policies and figures (proxy/loadtest/scheduling.py)."""
+"""The scheduling comparison's workload, oracle hints, policies and figures (proxy/testing/scheduling.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import msgspec
 from proxy.core.cost import CostEstimator
 from proxy.core.service_model import ServiceModel
 from proxy.loadtest import Plan, build_trace
-from proxy.loadtest import scheduling as sc
 from proxy.loadtest.records import OK, ReasonTable, Records, StepRun
 from proxy.loadtest.result import RunResult
 from proxy.loadtest.target import Target
 from proxy.policy.load import parse_policy
+from proxy.testing import scheduling as sc
 from proxy.testing.simpod.profiles import get_profile
 from proxy.testing.simpod.workload import oracle
 

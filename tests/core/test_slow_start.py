@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.slow_start import ramped_limit, slow_start_factor
+from proxy.core.slow_start import slow_start_factor
 
 
 def f(t, window=10.0, aggression=1.0, min_weight=0.1):
@@ -59,19 +57,3 @@ def test_factor_is_bounded_and_never_decreases(t1, dt, window, aggression, min_w
     a = slow_start_factor(t1, window_s=window, aggression=aggression, min_weight=min_weight)
     b = slow_start_factor(t1 + dt, window_s=window, aggression=aggression, min_weight=min_weight)
     assert min_weight <= a <= b <= 1.0
-
-
-def test_ramped_limit():
-    assert ramped_limit(100, 0.25) == 25
-    assert ramped_limit(100, 0.999) == 99
-    assert ramped_limit(100, 1.0) == 100
-    assert ramped_limit(3, 0.1) == 1  # never starves the ramp
-    assert ramped_limit(1, 0.1) == 1
-
-
-@settings(deadline=None)
-@given(limit=st.integers(1, 100_000), factor=st.floats(0.0, 1.0))
-def test_ramped_limit_bounds(limit, factor):
-    got = ramped_limit(limit, factor)
-    assert 1 <= got <= limit
-    assert got == limit or got == max(1, math.floor(limit * factor))

@@ -12,9 +12,9 @@ import trio
 
 from proxy.core import dedup as core
 from proxy.core.wire import Reason
+from proxy.metrics import Metrics
 from proxy.policy.dedup import Dedup as DedupPolicy
 from proxy.runtime.dedup import Dedup, Follower, Leader, Replay, StoreDown, build_store
-from proxy.runtime.metrics import Metrics
 from tests.runtime.test_dedup_engine import following
 
 pytestmark = pytest.mark.integration

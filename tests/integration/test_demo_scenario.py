@@ -1,11 +1,11 @@
-"""The scheduling demo (`proxy.demo_scenario.run_demo`, what `make demo` calls), shortened: it starts
+"""The scheduling demo (`proxy.testing.demo_scenario.run_demo`, what `make demo` calls), shortened: it starts
 its own pod and sidecars, replays one trace at three targets, prints the table and writes the plot."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.demo_scenario import run_demo
+from proxy.testing.demo_scenario import run_demo
 
 pytestmark = pytest.mark.integration
 

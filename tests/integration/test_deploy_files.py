@@ -22,9 +22,9 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
+from proxy.metrics import PREFIX, SPECS
 from proxy.policy.load import load_policy
 from proxy.policy.schema import Admin, Listen
-from proxy.runtime.metrics import PREFIX, SPECS
 from proxy.testing.procs import Proc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -324,4 +324,4 @@ def test_alert_and_dashboard_metric_names_are_declared_in_specs():
     names = set().union(*(metric_names(e) for e in [*rule_exprs().values(), *dashboard_exprs()]))
     assert len(names) >= 15
     missing = sorted(n for n in names if not declared(n))
-    assert not missing, f"not in proxy/runtime/metrics.py SPECS: {missing}"
+    assert not missing, f"not in proxy/metrics.py SPECS: {missing}"

@@ -18,7 +18,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy import build
-from proxy.runtime.metrics import Metrics, upstream_labels
+from proxy.metrics import Metrics, upstream_labels
 from proxy.testing.stack import sidecar, sim_pod
 
 pytestmark = pytest.mark.integration

@@ -19,8 +19,8 @@ from h2.errors import ErrorCodes
 
 from proxy.http.h2server import MAX_STREAM_ID
 from proxy.http.server import PREFACE, Server
+from proxy.metrics import Metrics
 from proxy.policy.schema import Listen
-from proxy.runtime.metrics import Metrics
 from proxy.testing.handlers import Gate, H2Peer, Router, hello
 from tests.conftest import require_binary
 

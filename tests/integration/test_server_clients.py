@@ -14,8 +14,8 @@ import pytest
 import trio
 
 from proxy.http.server import Server
+from proxy.metrics import Metrics
 from proxy.policy.schema import Listen
-from proxy.runtime.metrics import Metrics
 from proxy.testing.handlers import Gate, Router, blob, echo, hello, pattern, stream_echo
 from tests.conftest import require_binary
 

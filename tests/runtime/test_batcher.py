@@ -118,11 +118,10 @@ async def stack(pol: Policy, *, handler=None, **profile) -> AsyncIterator[Stack]
     async with trio.open_nursery() as nursery:
         pod = Pod(get_profile("embeddings-serial", **profile))
         await nursery.start(pod.run)
-        app = App(pol, VERSION, rng=random.Random(0))
-        app.lifecycles = Ready()
         api = PodAPI(pod)
-        app.pool = pool = RecordingPool(handler or api, nursery)
-        app.nursery = nursery
+        pool = RecordingPool(handler or api, nursery)
+        app = App(pol, VERSION, rng=random.Random(0), pool=pool, lifecycles=Ready())
+        app.nursery = app.request_path.nursery = nursery
         await nursery.start(app.batcher.run)
         yield Stack(app, pod, pool, nursery, api)
         nursery.cancel_scope.cancel()
@@ -342,6 +341,7 @@ class RefusingPool:
 async def test_a_connection_failure_gives_every_member_502(autojump_clock):
     async with stack(policy()) as s:
         s.app.pool = RefusingPool()
+        s.app.request_path.update(s.app.collaborators())  # the request path's parts, with that pool
         pipes = [s.call(embed("a")), s.call(embed("b"))]
         for p in pipes:
             status, _ = await p.answer()

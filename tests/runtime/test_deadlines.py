@@ -19,8 +19,8 @@ from proxy.errors import UpstreamTimeout
 from proxy.http.deadlines import DeadlineKeeper
 from proxy.http.pool import UpstreamPool
 from proxy.http.server import Server
+from proxy.metrics import Metrics
 from proxy.policy.schema import Listen, Upstream
-from proxy.runtime.metrics import Metrics
 
 HOST = [(b"host", b"upstream.test")]
 

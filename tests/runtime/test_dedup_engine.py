@@ -11,6 +11,7 @@ import trio.testing
 
 from proxy.core import dedup as core
 from proxy.core.wire import HeaderError, Reason
+from proxy.metrics import Metrics
 from proxy.policy.dedup import Dedup as DedupPolicy
 from proxy.runtime.dedup import (
     Dedup,
@@ -23,7 +24,6 @@ from proxy.runtime.dedup import (
     StoreUnavailable,
     failure_answer,
 )
-from proxy.runtime.metrics import Metrics
 
 KEY = [(b"idempotency-key", b"order-42"), (b"authorization", b"Bearer sk-a")]
 REPLAYED = (b"idempotent-replayed", b"true")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import trio
 
 from proxy.core import dedup as core
+from proxy.metrics import Metrics
 from proxy.runtime.dedup import MemoryStore
 from proxy.runtime.dedup.memory import held_bytes
-from proxy.runtime.metrics import Metrics
 
 
 def stored(fp: str, size: int) -> core.Stored:

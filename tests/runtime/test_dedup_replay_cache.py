@@ -20,6 +20,7 @@ from hypothesis import given, settings
 
 from proxy.core import dedup as core
 from proxy.core.wire import Reason
+from proxy.metrics import Metrics
 from proxy.policy.dedup import Dedup as DedupPolicy
 from proxy.runtime.dedup import (
     Dedup,
@@ -31,7 +32,6 @@ from proxy.runtime.dedup import (
     StoreUnavailable,
 )
 from proxy.runtime.dedup.replay_cache import CLOCK_MARGIN, ReplayCache, keep_until
-from proxy.runtime.metrics import Metrics
 from tests.runtime.test_dedup_engine import (
     KEY,
     REPLAYED,

@@ -8,6 +8,7 @@ import trio
 
 from proxy.core import dedup as core
 from proxy.core.wire import Reason
+from proxy.metrics import Metrics
 from proxy.policy.dedup import Dedup as DedupPolicy
 from proxy.runtime.dedup import (
     Dedup,
@@ -18,7 +19,6 @@ from proxy.runtime.dedup import (
     StoreDown,
     StoreUnavailable,
 )
-from proxy.runtime.metrics import Metrics
 from tests.runtime.test_dedup_engine import KEY, REPLAYED, begin, body_of, collect, sample
 
 

@@ -9,7 +9,6 @@ from proxy.http.forward import (
     h2_request_headers,
     request_headers,
     response_headers,
-    strip_pseudo,
     via_token,
 )
 from proxy.http.messages import HOP_BY_HOP, Request
@@ -157,10 +156,6 @@ def test_h2_block_keeps_te_trailers_and_falls_back_to_given_authority():
     block = h2_request_headers(b"GET", b"/", [(b"te", b"Trailers")], authority=b"up:8000")
     assert (b":authority", b"up:8000") in block
     assert (b"te", b"trailers") in block
-
-
-def test_strip_pseudo():
-    assert strip_pseudo([(b":status", b"200"), (b"a", b"1")]) == [(b"a", b"1")]
 
 
 _names = st.sampled_from(

@@ -10,9 +10,9 @@ import pytest
 import trio
 from prometheus_client import generate_latest
 
+from proxy.metrics import Metrics
 from proxy.policy.warmup import Gpu
 from proxy.runtime.gpu import GpuSampler
-from proxy.runtime.metrics import Metrics
 from proxy.testing.fake_nvml import GIB, GPU_IS_LOST, NOT_SUPPORTED, FakeGpu, FakeNvml
 from tests.runtime.threaded import poll_until
 

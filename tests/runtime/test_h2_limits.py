@@ -28,8 +28,8 @@ from hyperframe.frame import (
 from proxy.http import h2server
 from proxy.http.exchange import ServerContext
 from proxy.http.h2server import FRAMES_PER_TURN, H2Connection
+from proxy.metrics import Metrics
 from proxy.policy.schema import Listen
-from proxy.runtime.metrics import Metrics
 from proxy.testing.handlers import Gate, H2Peer, Router, blob, echo, hello
 
 LIMITS = Listen(

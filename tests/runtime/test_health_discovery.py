@@ -12,9 +12,9 @@ import pytest
 import trio
 
 from proxy.core.lifecycle import State
+from proxy.metrics import Metrics
 from proxy.policy.schema import Policy, Upstream
 from proxy.policy.warmup import Probe, SlowStart, Warmup
-from proxy.runtime.metrics import Metrics
 from proxy.runtime.readiness import UpstreamLifecycles
 
 URL = "http://model.test:8000"

@@ -198,6 +198,7 @@ class _Ready:
     """Upstream lifecycles that say ready (warm-up is tested elsewhere) and record results."""
 
     ready = True
+    warmers = ()  # App seeds the service model from these
 
     def __init__(self) -> None:
         self.results: list[bool] = []
@@ -233,10 +234,9 @@ async def stack(pol: Policy) -> AsyncIterator[Stack]:
     async with trio.open_nursery() as nursery:
         pod = Pod(PROFILE)
         await nursery.start(pod.run)
-        app = App(pol, VERSION, rng=random.Random(0))
-        app.lifecycles = _Ready()
-        app.pool = pool = PodPool(PodAPI(pod), nursery)
-        app.nursery = nursery
+        pool = PodPool(PodAPI(pod), nursery)
+        app = App(pol, VERSION, rng=random.Random(0), pool=pool, lifecycles=_Ready())
+        app.nursery = app.request_path.nursery = nursery
         yield Stack(app, pod, pool, nursery)
         nursery.cancel_scope.cancel()
 

@@ -31,6 +31,7 @@ async def test_a_client_leaving_mid_claim_leaves_a_leader_not_an_orphaned_claim(
     async with stack(policy()) as s:
         pol = s.app.policy.dedup
         s.app.dedup = Dedup(pol, SlowReplyStore(pol.max_memory_bytes), s.app.metrics)
+        s.app.request_path.update(s.app.collaborators())  # the request path's parts, with that store
         first = s.call(body, KEY)
         await trio.sleep(0.01)
         await first.aclose()  # gone while the claim's reply is on its way

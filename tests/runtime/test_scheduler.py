@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 from proxy.core.cost import Cost
 from proxy.core.decisions import Admit, LeaseError, Observed, Outcome
 from proxy.core.wire import Reason
+from proxy.metrics import Metrics
 from proxy.policy.admission import ClassPolicy
-from proxy.runtime.metrics import Metrics
 from proxy.runtime.readiness import UpstreamLifecycles
 from proxy.runtime.scheduler import Scheduler
 from tests.core.test_admission import make_policy, patient_classes, ticket
@@ -55,7 +55,7 @@ async def test_concurrency_is_held_at_the_limit(autojump_clock):
 
     async def job():
         nonlocal running, peak
-        async with s.admit(s.ticket(None, COST)) as slot:
+        async with s.admit(s.ticket(s.resolve_class(None), COST)) as slot:
             running += 1
             peak = max(peak, running)
             await trio.sleep(1)
@@ -190,7 +190,7 @@ async def test_reload_keeps_queued_requests_and_rearms_expiry(autojump_clock):
 async def test_metrics_follow_admission(autojump_clock):
     metrics = Metrics(CollectorRegistry())
     s = scheduler(make_policy(2, kind="gradient"), metrics)
-    t = s.ticket(b"no-such-class", COST)
+    t = s.ticket(s.resolve_class(b"no-such-class"), COST)
     assert t.klass == "interactive" and sample(metrics, "unknown_priority_total") == 1
     async with s.admit(t) as slot:
         assert sample(metrics, "admission_inflight", upstream="0") == 1
@@ -240,12 +240,12 @@ async def test_an_admit_for_a_vanished_waiter_is_released_not_leaked(autojump_cl
 async def test_a_request_cut_upstream_teaches_the_model_its_shape_takes_longer(autojump_clock):
     s = scheduler(make_policy(2))
     cost = s.estimate("/v1/completions", b'{"prompt": "hello", "max_tokens": 4}')
-    before = s.ticket(None, cost).expected_ms
+    before = s.ticket(s.resolve_class(None), cost).expected_ms
     with trio.move_on_after(5.0):  # the deadline passes while it is upstream
-        async with s.admit(s.ticket(None, cost, trio.current_time() + 5.0)) as slot:
+        async with s.admit(s.ticket(s.resolve_class(None), cost, trio.current_time() + 5.0)) as slot:
             assert slot.lease is not None
             await trio.sleep_forever()
-    after = s.ticket(None, cost)
+    after = s.ticket(s.resolve_class(None), cost)
     assert before < 5000.0 <= after.expected_ms  # at least the 5 s it was given
     assert s.controller.statistics()["models"]["/v1/completions"]["censored"]["informative"] == 1
     assert s.controller.capacity.used == [0]
@@ -266,7 +266,9 @@ async def test_warm_up_probes_seed_the_model_through_the_driver_hook(autojump_cl
         nursery.cancel_scope.cancel()
     stats = s.controller.statistics()["models"]["/v1/completions"]
     assert stats["seeded_samples"] >= 3 and stats["judged"]
-    assert s.ticket(None, s.estimate("/v1/completions", b'{"prompt": "hi"}')).expected_ms > 300  # ~0.4 s, not the prior
+    assert (
+        s.ticket(s.resolve_class(None), s.estimate("/v1/completions", b'{"prompt": "hi"}')).expected_ms > 300
+    )  # ~0.4 s, not the prior
 
 
 async def test_the_scheduler_task_ends_a_phantom_lease_on_time_and_admits_into_its_room(autojump_clock):
@@ -275,14 +277,14 @@ async def test_the_scheduler_task_ends_a_phantom_lease_on_time_and_admits_into_i
     admitted_at: list[float] = []
 
     async def second() -> None:
-        async with s.admit(s.ticket(None, cost)) as slot:
+        async with s.admit(s.ticket(s.resolve_class(None), cost)) as slot:
             admitted_at.append(trio.current_time())
             slot.done(Outcome.SUCCESS, 10.0)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(s.run)
         with trio.move_on_after(1.0):  # cut after 1 s upstream, on a server that keeps computing
-            async with s.admit(s.ticket(None, cost, trio.current_time() + 1.0)) as slot:
+            async with s.admit(s.ticket(s.resolve_class(None), cost, trio.current_time() + 1.0)) as slot:
                 nursery.start_soon(second)
                 await trio.sleep_forever()
         cut_at = trio.current_time()

@@ -14,8 +14,8 @@ import trio.testing
 from proxy.errors import ProtocolError
 from proxy.http.exchange import ServerContext
 from proxy.http.h1server import H1Connection
+from proxy.metrics import Metrics
 from proxy.policy.schema import Listen
-from proxy.runtime.metrics import Metrics
 from proxy.testing.handlers import Gate, Router, echo, hello, stream_echo
 
 LIMITS = Listen(max_body_bytes=4096, max_header_bytes=2048, header_timeout_s=5.0, idle_timeout_s=30.0)

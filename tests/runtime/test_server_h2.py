@@ -13,8 +13,8 @@ from h2.settings import SettingCodes
 
 from proxy.http.exchange import ServerContext
 from proxy.http.h2server import MAX_STREAM_ID, STREAM_WINDOW, H2Connection, drain_idle_wait_s
+from proxy.metrics import Metrics
 from proxy.policy.schema import Listen
-from proxy.runtime.metrics import Metrics
 from proxy.testing.handlers import Gate, H2Peer, Router, blob, echo, hello, pattern
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 from proxy.errors import UpstreamConnectError, UpstreamProtocolError
 from proxy.http.pool import UpstreamPool
 from proxy.http.upstream_h2 import H2Connection
+from proxy.metrics import Metrics
 from proxy.policy.schema import Upstream
-from proxy.runtime.metrics import Metrics
 from tests.conftest import free_port
 from tests.runtime.raw_servers import H2Exchange, RawH2Server
 

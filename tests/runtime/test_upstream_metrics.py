@@ -9,9 +9,9 @@ import msgspec
 import pytest
 import trio
 
+from proxy.metrics import Metrics
 from proxy.policy.schema import Policy, Upstream
 from proxy.policy.warmup import Gpu
-from proxy.runtime.metrics import Metrics
 from proxy.runtime.upstream_metrics import (
     UpstreamMetricsReader,
     UpstreamSaturation,

@@ -14,9 +14,9 @@ import trio
 import trio.testing
 
 from proxy.core.lifecycle import State
+from proxy.metrics import Metrics
 from proxy.policy.schema import Policy, Upstream
 from proxy.policy.warmup import Probe, Readiness, SlowStart, Warmup
-from proxy.runtime.metrics import Metrics
 from proxy.runtime.probes import identity_of
 from proxy.runtime.readiness import UpstreamLifecycles
 from tests.runtime.threaded import poll_until

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import trio
 
+from proxy.metrics import Metrics
 from proxy.policy.dedup import Dedup as DedupPolicy
 from proxy.runtime.dedup.engine import Dedup
 from proxy.runtime.dedup.memory import MemoryStore
@@ -37,7 +38,6 @@ from proxy.runtime.dedup.outcomes import (
     failure_answer,
 )
 from proxy.runtime.dedup.store import Store, StoreUnavailable
-from proxy.runtime.metrics import Metrics
 
 __all__ = [
     "Dedup",

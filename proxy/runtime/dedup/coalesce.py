@@ -189,7 +189,9 @@ class Events:
 
     __slots__ = ("_produce", "_queue")
 
-    def __init__(self, events: Iterable[Event] = (), produce: Callable[[], Awaitable[list[Event]]] | None = None):
+    def __init__(
+        self, events: Iterable[Event] = (), produce: Callable[[], Awaitable[list[Event]]] | None = None
+    ) -> None:
         self._queue: deque[Event] = deque(events)
         self._produce = produce
 

@@ -40,6 +40,7 @@ import trio
 from proxy.core import dedup as core
 from proxy.core import wire
 from proxy.http.messages import Headers, header_value
+from proxy.metrics import Metrics
 from proxy.policy.dedup import Dedup as DedupPolicy
 from proxy.runtime.dedup.coalesce import Events, Recording
 from proxy.runtime.dedup.guard import StoreGuard
@@ -56,7 +57,6 @@ from proxy.runtime.dedup.outcomes import (
 )
 from proxy.runtime.dedup.replay_cache import ReplayCache, keep_until
 from proxy.runtime.dedup.store import Store, StoreUnavailable
-from proxy.runtime.metrics import Metrics
 
 log = logging.getLogger("rampmeter.dedup")
 

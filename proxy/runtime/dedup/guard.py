@@ -18,9 +18,9 @@ from typing import Any
 
 import trio
 
+from proxy.metrics import Metrics
 from proxy.policy.dedup import Dedup as DedupPolicy
 from proxy.runtime.dedup.store import StoreUnavailable
-from proxy.runtime.metrics import Metrics
 
 log = logging.getLogger("rampmeter.dedup")
 

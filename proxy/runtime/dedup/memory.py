@@ -31,8 +31,8 @@ from typing import Any
 import trio
 
 from proxy.core.dedup import Record, State, Step, Stored, advance
+from proxy.metrics import Metrics
 from proxy.runtime.dedup.store import Signal, Signals
-from proxy.runtime.metrics import Metrics
 
 SWEEP_INTERVAL_S = 1.0
 # Per entry beyond its own objects: its hash-table entries and order links in the store's

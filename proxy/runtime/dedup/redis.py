@@ -202,7 +202,7 @@ class RedisStore:
                     while True:
                         message = await pubsub.get_message()
                         if message is not None and message["type"] == "message":
-                            self._deliver(message["channel"], message["data"])
+                            self._deliver(message["channel"], message["data"])  # type: ignore[arg-type]  # a message's data is bytes or str
             except* (RedisError, OSError, TimeoutError) as group:
                 # coredis raises its connection loss as an ExceptionGroup; except* also keeps a
                 # concurrent Cancelled (teardown) propagating instead of swallowing the lot.

@@ -64,8 +64,8 @@ from typing import Any
 import trio
 
 from proxy.core.dedup import Record, State
+from proxy.metrics import Metrics
 from proxy.runtime.dedup.memory import Kept, Swept, held_bytes
-from proxy.runtime.metrics import Metrics
 
 # Redis on another machine counts its TTL on its own clock: give up 0.1% of the TTL (3.6 s of
 # an hour) rather than answer past the store copy's expiry if that clock runs fast.

@@ -20,10 +20,11 @@ import argparse
 import math
 import signal
 import sys
+from typing import Any
 
 import trio
 
-from proxy.testing.procs import print_ready
+from proxy.ready import print_ready
 from proxy.testing.simpod.faults import Fault, Faults
 from proxy.testing.simpod.profiles import OVERRIDABLE, PROFILES, get_profile
 
@@ -37,7 +38,7 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-_TYPES = {"float": float, "int": int, "str": str, "bool": _bool}
+_TYPES: dict[object, Any] = {"float": float, "int": int, "str": str, "bool": _bool}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

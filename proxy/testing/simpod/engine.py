@@ -105,6 +105,22 @@ _TIMERS = ("_busy_s", "_useful_s", "_wasted_gone_s", "_wasted_deadline_s")
 
 
 class Engine:
+    # Zeroed by reset_stats (the names in _COUNTERS and _TIMERS).
+    _submitted: int
+    _executed: int
+    _completed: int
+    _late: int
+    _cancelled_waiting: int
+    _cancelled_running: int
+    _orphaned: int
+    _prompt_tokens: int
+    _output_tokens: int
+    _steps: int
+    _busy_s: float
+    _useful_s: float
+    _wasted_gone_s: float
+    _wasted_deadline_s: float
+
     def __init__(self, profile: Profile, *, cold_penalty: float = 1.0, cold_penalty_requests: int = 0) -> None:
         if cold_penalty < 1.0 or cold_penalty_requests < 0:
             raise ValueError("cold_penalty must be >= 1 and cold_penalty_requests >= 0")

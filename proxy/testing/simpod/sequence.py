@@ -14,6 +14,8 @@ it run on through the same table to FINISHED.
 
 from __future__ import annotations
 
+from typing import Any
+
 from proxy.testing.simpod.workload import Job
 
 WAITING, RUNNING, FINISHED, CANCELLED = "waiting", "running", "finished", "cancelled"
@@ -65,7 +67,7 @@ class Sequence:
         self.generated = 0  # output tokens emitted so far
         self.engine_s = 0.0  # engine time charged to this sequence
         self.orphaned = False  # its client left, but the engine computes it anyway
-        self.waker: object = None
+        self.waker: Any = None  # a trio.Event in the driver
 
     @property
     def done(self) -> bool:

@@ -133,9 +133,10 @@ def embeddings_body(job: Job, dim: int, encoding_format: str) -> bytes:
     data = []
     for i, text in enumerate(job.inputs):
         vec = _vector(text, dim)
+        embedding: list[float] | str = vec
         if encoding_format == "base64":
-            vec = base64.b64encode(struct.pack(f"<{dim}f", *vec)).decode()
-        data.append({"object": "embedding", "index": i, "embedding": vec})
+            embedding = base64.b64encode(struct.pack(f"<{dim}f", *vec)).decode()
+        data.append({"object": "embedding", "index": i, "embedding": embedding})
     return _encode(
         {
             "object": "list",

@@ -407,4 +407,4 @@ class Metrics:
         return labels[index] if index < len(labels) else str(index)
 
     def __getattr__(self, name: str) -> Any:  # only reached for undeclared names
-        raise AttributeError(f"metric {name!r} is not declared in proxy.runtime.metrics.SPECS")
+        raise AttributeError(f"metric {name!r} is not declared in proxy.metrics.SPECS")

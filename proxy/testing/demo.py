@@ -13,8 +13,8 @@ from __future__ import annotations
 import sys
 import time
 
-from proxy.demo_scenario import run_demo
-from proxy.loadtest import scheduling as sc
+from proxy.testing import scheduling as sc
+from proxy.testing.demo_scenario import run_demo
 
 OUT_DIR = "demo-out"
 

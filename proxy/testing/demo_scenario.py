@@ -1,7 +1,7 @@
 """Direct vs FCFS vs SJF with aging (vs an oracle): one seeded chat trace, side by side.
 
 Theory of operation: the simulated pod (llm profile, outputs that stop early)
-serves an 80/20 short/long chat mix (proxy/loadtest/scheduling.py). Sidecars
+serves an 80/20 short/long chat mix (proxy/testing/scheduling.py). Sidecars
 in front of it differ only in queue order, all with the same fixed concurrency
 limit, so the queue forms in the sidecar and only the order it admits in
 differs. `compare` replays the same trace at every target, step by step in
@@ -27,8 +27,8 @@ import httpx
 import trio
 
 from proxy import loadtest as lt
-from proxy.loadtest import scheduling as sc
 from proxy.loadtest.closed import LEAD_S
+from proxy.testing import scheduling as sc
 from proxy.testing.procs import Proc, wait_for
 from proxy.testing.simpod.profiles import Profile, get_profile
 
@@ -164,7 +164,7 @@ async def _interleave(pairs: list[tuple[lt.Trace, lt.Target]], after_step=None) 
                 part.trace = trace
                 merged[k] = part
             else:
-                merged[k].merge(part)
+                merged[k].merge(part)  # type: ignore[union-attr]  # set in the branch above
     return merged  # type: ignore[return-value]
 
 
@@ -304,7 +304,7 @@ def run_demo(
         )[0]["capacity_rps"]
         rate = round(load * capacity, 1)
         echo(f"  {capacity:.1f} req/s; replaying {rate} req/s ({load:g}x) for {seconds:g} s per configuration")
-        targets = {"direct": pod_url, **urls}
+        targets = {"direct": pod_url, **{n: u for n, u in urls.items() if u is not None}}  # all started by now
         results = compare(
             targets, dict.fromkeys(targets, mix), [rate], step_s=seconds, warmup_s=min(5.0, seconds / 5), seed=seed
         )
@@ -319,7 +319,7 @@ def run_demo(
     return {"load_rps": rate, "capacity_rps": capacity, "limit": limit, "figures": figures}
 
 
-if __name__ == "__main__":  # python -m proxy.demo_scenario [OUT_DIR]
+if __name__ == "__main__":  # python -m proxy.testing.demo_scenario [OUT_DIR]
     import sys
 
     run_demo(out_dir=sys.argv[1] if len(sys.argv) > 1 else "demo-out")

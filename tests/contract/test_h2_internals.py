@@ -1,0 +1,75 @@
+"""The h2 and hpack internals proxy/http relies on still exist (pyproject pins their minor versions).
+
+proxy/http subclasses or reaches into these (not their documented API):
+- h2server.py: `_H2State` overrides the `open_inbound_streams` property; `_Inbound` subclasses
+  `h2.frame_buffer.FrameBuffer`, reads its `_data` and `max_frame_size`, wraps `__next__`,
+  and is installed as the connection's `incoming_buffer`;
+- upstream_h2.py: `_GracefulStateMachine` extends `H2ConnectionStateMachine._transitions`
+  (keyed by ConnectionState / ConnectionInputs members); `_ClientState` overrides
+  `open_outbound_streams` and the connection's `state_machine` is swapped;
+- hpack_memo.py: `VersionedHeaderTable` subclasses `hpack.table.HeaderTable` (its `_maxsize`,
+  the `maxsize` property's setter, `dynamic_entries`, `resized`, `add`), and `install` swaps the
+  connection's `encoder` / `decoder` (their `header_table`, `max_header_list_size`,
+  `max_allowed_table_size`).
+A minor release that renames one of these fails here, not in production.
+"""
+
+from __future__ import annotations
+
+import h2.config
+import h2.connection
+import h2.frame_buffer
+import hpack
+import hpack.hpack
+import hpack.table
+
+from proxy.http import hpack_memo
+
+
+def test_h2_connection_internals():
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    for name in ("incoming_buffer", "state_machine", "encoder", "decoder", "streams"):
+        assert hasattr(conn, name), name
+    assert isinstance(conn.incoming_buffer, h2.frame_buffer.FrameBuffer)
+    for name in ("open_inbound_streams", "open_outbound_streams"):
+        assert isinstance(getattr(h2.connection.H2Connection, name), property), name
+    assert isinstance(conn.max_inbound_frame_size, int) and isinstance(conn.max_outbound_frame_size, int)
+
+
+def test_h2_frame_buffer_internals():
+    buf = h2.frame_buffer.FrameBuffer(server=True)
+    assert isinstance(buf._data, bytes | bytearray) and isinstance(buf.max_frame_size, int)
+    assert callable(h2.frame_buffer.FrameBuffer.__next__)
+
+
+def test_h2_state_machine_table():
+    table = h2.connection.H2ConnectionStateMachine._transitions
+    key = (h2.connection.ConnectionState.CLIENT_OPEN, h2.connection.ConnectionInputs.RECV_GOAWAY)
+    assert isinstance(table, dict) and key in table
+    machine = h2.connection.H2ConnectionStateMachine()
+    assert machine.state is h2.connection.ConnectionState.IDLE
+
+
+def test_hpack_table_internals():
+    table = hpack.table.HeaderTable()
+    assert isinstance(table._maxsize, int) and table.dynamic_entries is not None and table.resized is False
+    assert isinstance(hpack.table.HeaderTable.maxsize, property) and hpack.table.HeaderTable.maxsize.fset is not None
+    assert hpack.table.table_entry_size(b"a", b"b") == 34  # RFC 7541 4.1: 32 + name + value
+    table.add(b"a", b"b")
+
+
+def test_hpack_coders_internals():
+    enc, dec = hpack.Encoder(), hpack.Decoder()
+    assert isinstance(enc.header_table, hpack.table.HeaderTable)
+    assert isinstance(dec.header_table, hpack.table.HeaderTable)
+    assert isinstance(dec.max_header_list_size, int) and isinstance(dec.max_allowed_table_size, int)
+    assert isinstance(hpack.hpack.DEFAULT_MAX_HEADER_LIST_SIZE, int)
+
+
+def test_the_memo_installs_on_a_fresh_connection_and_round_trips():
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    assert hpack_memo.install(conn)
+    assert isinstance(conn.encoder, hpack_memo.MemoEncoder) and isinstance(conn.decoder, hpack_memo.MemoDecoder)
+    headers = [(b":method", b"GET"), (b":path", b"/"), (b"x-a", b"1")]
+    block = conn.encoder.encode(headers)
+    assert [tuple(h) for h in hpack_memo.MemoDecoder().decode(block, raw=True)] == headers
