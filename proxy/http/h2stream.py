@@ -141,23 +141,6 @@ class H2Body(BufferedBody):
         self._conn.body_bytes -= self.accounted
         self.accounted = 0
 
-    async def chunks(self):
-        # BufferedBody.chunks, with a bounded wait for bytes that have not come (`_wait`).
-        if not self.started:
-            self.started = True
-            await self._first_read()
-        while True:
-            if self._parts:
-                data, flow_len = self._parts.popleft()
-                self._consumed(len(data), flow_len)
-                yield data
-            elif self._error is not None:
-                raise self._error
-            elif self.complete:
-                return
-            else:
-                await self._wait()
-
     async def _wait(self) -> None:
         """Wait for body bytes until body_timeout_s or the request's deadline; then reset the stream."""
         if self._lot is None:

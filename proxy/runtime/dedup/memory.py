@@ -23,6 +23,7 @@ streamed answer (one small `bytes` per SSE event) and ~4x for a 400-byte JSON on
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable
 from sys import getsizeof
@@ -73,11 +74,12 @@ class Kept:
         self.size = size
 
 
-class Swept:
+class Swept(ABC):
     """`run()` frees expired entries: `sweep()` every SWEEP_INTERVAL_S (MemoryStore, ReplayCache)."""
 
+    @abstractmethod
     def sweep(self) -> int:
-        raise NotImplementedError
+        """Free what has expired; how many entries went."""
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
