@@ -52,7 +52,7 @@ from proxy.runtime import tracing as otel
 from proxy.runtime.accesslog import AccessLog
 from proxy.runtime.admin import AdminHandler
 from proxy.runtime.batcher import Batcher
-from proxy.runtime.dedup import Dedup, build_store
+from proxy.runtime.dedup import Deduplicator, build_store
 from proxy.runtime.drain import Drain
 from proxy.runtime.edge import Edge
 from proxy.runtime.gpu import GpuSampler
@@ -148,7 +148,7 @@ class App:
         self.scheduler = Scheduler(
             policy, rng=self.rng, metrics=metrics, gate=self.gate, service=self.observatory.service
         )
-        self.dedup = Dedup(policy.dedup, build_store(policy.dedup, metrics), metrics, rng=self.rng)
+        self.dedup = Deduplicator(policy.dedup, build_store(policy.dedup, metrics), metrics, rng=self.rng)
         self.lifecycles = lifecycles if lifecycles is not None else UpstreamLifecycles(policy, metrics=metrics)
         for warmer in self.lifecycles.warmers:  # warm-up probes seed the service-time model
             warmer.on_sample = self.scheduler.learn_probe

@@ -67,7 +67,7 @@ from proxy.policy.schema import Policy
 from proxy.runtime import edge, grpc_answers
 from proxy.runtime.batcher import Batcher
 from proxy.runtime.classify import classify
-from proxy.runtime.dedup import Dedup, Follower, Leader, LeaderHandle, Replay
+from proxy.runtime.dedup import Deduplicator, Follower, Leader, LeaderHandle, Replay, answer, events_of
 from proxy.runtime.observe import Observatory
 from proxy.runtime.relay import Forwarded
 from proxy.runtime.scheduler import Scheduler, Slot
@@ -110,7 +110,7 @@ class Collaborators:
 
     policy: Policy
     scheduler: Scheduler
-    dedup: Dedup
+    dedup: Deduplicator
     readiness: Readiness
     pool: UpstreamPool
     observatory: Observatory
@@ -181,9 +181,9 @@ class RequestPath:
                     await self.execute(request, body, ticket, TeeSink(sink, RecordingSink(handle)), parts=p)
                     await handle.finish(True)
         elif isinstance(outcome, Follower | Replay):
-            await play(outcome.events, sink)
+            await play(events_of(outcome), sink)
         else:  # Mismatch, InFlightConflict, StoreDown
-            await sink.respond(*outcome.answer())
+            await sink.respond(*answer(outcome))
 
     async def _lead(
         self, request: Request, body: bytes, ticket: Ticket, handle: LeaderHandle, p: Collaborators

@@ -1,4 +1,4 @@
-"""Dedup across replicas on a real redis-server (loopback): two engines = two replicas.
+"""Deduplicator across replicas on a real redis-server (loopback): two engines = two replicas.
 
 The `redis_server` fixture is in tests/integration/conftest.py (shared with test_dedup_e2e.py).
 """
@@ -14,7 +14,7 @@ from proxy.core import dedup as core
 from proxy.core.wire import Reason
 from proxy.metrics import Metrics
 from proxy.policy.dedup import Dedup as DedupPolicy
-from proxy.runtime.dedup import Dedup, Follower, Leader, Replay, StoreDown, build_store
+from proxy.runtime.dedup import Deduplicator, Follower, Leader, Replay, StoreDown, answer, build_store
 from tests.runtime.test_dedup_engine import following
 
 pytestmark = pytest.mark.integration
@@ -27,7 +27,7 @@ AUTH_B = [(b"idempotency-key", b"job-7"), (b"authorization", b"Bearer tenant-b")
 async def replica(url: str, **overrides):
     policy = DedupPolicy(store="redis", redis_url=url, store_timeout_ms=200, **overrides)
     metrics = Metrics()
-    dedup = Dedup(policy, build_store(policy, metrics), metrics)
+    dedup = Deduplicator(policy, build_store(policy, metrics), metrics)
     async with trio.open_nursery() as nursery:
         await nursery.start(dedup.run)
         yield dedup, metrics, nursery.cancel_scope
@@ -164,7 +164,7 @@ async def test_redis_killed_under_fail_closed_answers_503(redis_server):
             assert isinstance(await begin(a), Leader)
             redis_server.kill()
             down = await begin(a, AUTH_B)
-            assert isinstance(down, StoreDown) and down.answer()[0] == 503
+            assert isinstance(down, StoreDown) and answer(down)[0] == 503
             assert sample(ma, "dedup_decisions_total", decision="store_down") == 1
 
 

@@ -14,7 +14,7 @@ from proxy.core.wire import HeaderError, Reason
 from proxy.metrics import Metrics
 from proxy.policy.dedup import Dedup as DedupPolicy
 from proxy.runtime.dedup import (
-    Dedup,
+    Deduplicator,
     Follower,
     InFlightConflict,
     Leader,
@@ -22,6 +22,8 @@ from proxy.runtime.dedup import (
     Mismatch,
     Replay,
     StoreUnavailable,
+    answer,
+    events_of,
     failure_answer,
 )
 
@@ -33,7 +35,7 @@ def make(**overrides):
     policy = DedupPolicy(**overrides)
     metrics = Metrics()
     store = MemoryStore(policy.max_memory_bytes, metrics=metrics)
-    return Dedup(policy, store, metrics), store, metrics
+    return Deduplicator(policy, store, metrics), store, metrics
 
 
 def sample(metrics, name, **labels):
@@ -81,7 +83,7 @@ async def test_follower_gets_the_leaders_response_and_a_retry_replays_it():
     assert got[1:] == [core.Chunk(b'{"answer": 42}'), core.END]
     replay = await begin(dedup)
     assert isinstance(replay, Replay) and replay.stored.chunks == [b'{"answer": 42}']
-    assert await collect(replay.events) == got
+    assert await collect(events_of(replay)) == got
     assert sample(metrics, "dedup_decisions_total", decision="lead") == 1
     assert sample(metrics, "dedup_decisions_total", decision="follow") == 1
     assert sample(metrics, "dedup_decisions_total", decision="replay") == 1
@@ -104,7 +106,7 @@ async def test_streaming_fans_out_identical_bytes_to_every_follower_including_la
     async def follow(name, delay):
         await trio.sleep(delay)
         outcome = await begin(dedup)
-        received[name] = (type(outcome).__name__, await collect(outcome.events))
+        received[name] = (type(outcome).__name__, await collect(events_of(outcome)))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(stream)
@@ -187,9 +189,9 @@ async def test_reused_key_with_another_body_is_422_and_conflict_mode_is_409():
     mismatch = await begin(dedup, body=b'{"other": 1}')
     conflict = await begin(dedup)
     assert isinstance(mismatch, Mismatch) and isinstance(conflict, InFlightConflict)
-    status, headers, _ = mismatch.answer()
+    status, headers, _ = answer(mismatch)
     assert status == 422 and (b"x-rampmeter-reason", b"idempotency_key_reused") in headers
-    status, headers, _ = conflict.answer()
+    status, headers, _ = answer(conflict)
     assert status == 409 and (b"retry-after", b"1") in headers
     leader.record_head(200, [])
     await leader.finish(True)
@@ -224,7 +226,7 @@ async def test_leader_keeps_recording_when_its_own_client_is_gone(autojump_clock
     retry = await begin(dedup)  # the client's retry attaches to the running work
     leader.record_chunk(b"3")
     await leader.finish(True)
-    assert body_of(await collect(retry.events)) == b"0123"
+    assert body_of(await collect(events_of(retry))) == b"0123"
     assert await collect(own) == []
 
 
@@ -252,7 +254,7 @@ class SlowStore(MemoryStore):
 
 async def test_finish_writes_the_store_even_when_the_caller_is_cancelled(autojump_clock):
     policy = DedupPolicy()
-    dedup = Dedup(policy, SlowStore(policy.max_memory_bytes))
+    dedup = Deduplicator(policy, SlowStore(policy.max_memory_bytes))
     leader = (await begin(dedup)).handle
     leader.record_head(200, [])
     async with trio.open_nursery() as nursery:
@@ -329,7 +331,7 @@ async def test_duplicates_arriving_together_coalesce_locally_while_the_store_is_
     # Found end to end (tests/integration/test_dedup_e2e.py): every failed claim made its own
     # degraded leader, so under fail_open N duplicates sent together ran N times on one replica.
     policy = DedupPolicy(store="redis")
-    dedup = Dedup(policy, DownStore(policy.max_memory_bytes))
+    dedup = Deduplicator(policy, DownStore(policy.max_memory_bytes))
     outcomes = []
 
     async def arrive():

@@ -13,13 +13,14 @@ from hypothesis import strategies as st
 from proxy.core import dedup as core
 from proxy.policy.dedup import Dedup as DedupPolicy
 from proxy.runtime.dedup import (
-    Dedup,
+    Deduplicator,
     Follower,
     InFlightConflict,
     Leader,
     MemoryStore,
     Mismatch,
     Replay,
+    events_of,
 )
 
 request = st.tuples(
@@ -33,7 +34,7 @@ request = st.tuples(
 
 async def scenario(requests, on_in_flight):
     policy = DedupPolicy(on_in_flight=on_in_flight, ttl_s=5, lease_ms=100_000)
-    dedup = Dedup(policy, MemoryStore(policy.max_memory_bytes))
+    dedup = Deduplicator(policy, MemoryStore(policy.max_memory_bytes))
     running: dict[bytes, int] = {}  # key -> the leader running now
     leaders: dict[int, tuple[bytes, str, bytes]] = {}  # id -> (fp body, verdict, full body)
     seen: list[tuple[int, str, list, bytes]] = []
@@ -66,7 +67,7 @@ async def scenario(requests, on_in_flight):
                 if leaders[i][1] == "running":
                     leaders[i] = (body, "failed", sent)
         elif isinstance(outcome, Follower | Replay):
-            seen.append((i, type(outcome).__name__, await _collect(outcome.events), body))
+            seen.append((i, type(outcome).__name__, await _collect(events_of(outcome)), body))
         else:
             assert isinstance(outcome, Mismatch | InFlightConflict)
 

@@ -23,13 +23,15 @@ from proxy.core.wire import Reason
 from proxy.metrics import Metrics
 from proxy.policy.dedup import Dedup as DedupPolicy
 from proxy.runtime.dedup import (
-    Dedup,
+    Deduplicator,
     Follower,
     Leader,
     MemoryStore,
     Mismatch,
     Replay,
     StoreUnavailable,
+    answer,
+    events_of,
 )
 from proxy.runtime.dedup.replay_cache import CLOCK_MARGIN, ReplayCache, keep_until
 from tests.runtime.test_dedup_engine import (
@@ -93,7 +95,7 @@ def replicas(**overrides):
     policy = DedupPolicy(store="redis", **overrides)
     store = FakeRedis()
     ma, mb = Metrics(), Metrics()
-    return Dedup(policy, store, ma), Dedup(policy, store, mb), store, ma, mb
+    return Deduplicator(policy, store, ma), Deduplicator(policy, store, mb), store, ma, mb
 
 
 async def completed(dedup, body=b"{}", headers=KEY, answer=b"answer", status=200):
@@ -115,7 +117,7 @@ async def test_a_replay_after_this_replicas_leader_completed_does_not_call_the_s
     for _ in range(3):
         replay = await begin(a)
         assert isinstance(replay, Replay)
-        events = await collect(replay.events)
+        events = await collect(events_of(replay))
         assert events[0].headers[-1] == REPLAYED and body_of(events) == b"answer"
     assert sum(store.calls.values()) == before, "answered from the replica's memory"
     assert sample(ma, "dedup_replay_cache_hits_total") == 3
@@ -225,7 +227,7 @@ async def test_a_reused_key_is_422_from_the_cache(autojump_clock):
     await completed(a, body=b'{"n": 1}')
     before = sum(store.calls.values())
     mismatch = await begin(a, body=b'{"n": 2}')
-    assert isinstance(mismatch, Mismatch) and mismatch.answer()[0] == 422
+    assert isinstance(mismatch, Mismatch) and answer(mismatch)[0] == 422
     assert sum(store.calls.values()) == before and sample(ma, "dedup_replay_cache_hits_total") == 1
     assert sample(ma, "dedup_decisions_total", decision="mismatch") == 1
     assert isinstance(await begin(a, body=b'{"n": 1}'), Replay)  # the original payload still replays
@@ -275,7 +277,7 @@ async def test_a_write_whose_answer_was_lost_is_not_kept(autojump_clock):
 
 async def test_the_memory_store_gets_no_cache():
     policy = DedupPolicy()
-    dedup = Dedup(policy, MemoryStore(policy.max_memory_bytes))
+    dedup = Deduplicator(policy, MemoryStore(policy.max_memory_bytes))
     await completed(dedup)
     assert isinstance(await begin(dedup), Replay)
     assert dedup.statistics()["replay_cache"] is None and "cache=None" in repr(dedup)

@@ -11,13 +11,14 @@ from proxy.core.wire import Reason
 from proxy.metrics import Metrics
 from proxy.policy.dedup import Dedup as DedupPolicy
 from proxy.runtime.dedup import (
-    Dedup,
+    Deduplicator,
     Follower,
     Leader,
     MemoryStore,
     Replay,
     StoreDown,
     StoreUnavailable,
+    answer,
 )
 from tests.runtime.test_dedup_engine import KEY, REPLAYED, begin, body_of, collect, sample
 
@@ -25,7 +26,7 @@ from tests.runtime.test_dedup_engine import KEY, REPLAYED, begin, body_of, colle
 def replicas(**overrides):
     policy = DedupPolicy(**overrides)
     store = MemoryStore(policy.max_memory_bytes)
-    return Dedup(policy, store), Dedup(policy, store), store
+    return Deduplicator(policy, store), Deduplicator(policy, store), store
 
 
 async def test_a_follower_on_another_replica_is_woken_by_the_leaders_completion(autojump_clock):
@@ -111,7 +112,7 @@ def flaky(**overrides):
     policy = DedupPolicy(**overrides)
     metrics = Metrics()
     store = FlakyStore(policy.max_memory_bytes)
-    return Dedup(policy, store, metrics), store, metrics
+    return Deduplicator(policy, store, metrics), store, metrics
 
 
 async def test_fail_closed_answers_503_while_the_store_is_down(autojump_clock):
@@ -119,7 +120,7 @@ async def test_fail_closed_answers_503_while_the_store_is_down(autojump_clock):
     store.down = True
     down = await begin(dedup)
     assert isinstance(down, StoreDown)
-    status, headers, _ = down.answer()
+    status, headers, _ = answer(down)
     assert status == 503 and (b"x-rampmeter-reason", b"idempotency_store_unavailable") in headers
     assert isinstance(await begin(dedup), StoreDown) and store.calls == 1  # the breaker spares the store
     store.down = False
@@ -174,7 +175,7 @@ class HandshakeStore(MemoryStore):
 async def test_a_callers_own_cancellation_is_not_a_store_outage(autojump_clock):
     policy = DedupPolicy(store_retry_ms=1000)
     metrics = Metrics()
-    dedup = Dedup(policy, HandshakeStore(policy.max_memory_bytes), metrics)
+    dedup = Deduplicator(policy, HandshakeStore(policy.max_memory_bytes), metrics)
     with trio.move_on_after(0.01) as gone:  # the client left mid-claim
         await begin(dedup)
     assert gone.cancelled_caught  # the cancellation went on; no StoreUnavailable escaped

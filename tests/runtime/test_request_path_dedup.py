@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import trio
 
-from proxy.runtime.dedup import Dedup, MemoryStore
+from proxy.runtime.dedup import Deduplicator, MemoryStore
 from tests.runtime.test_request_path_deadlines import chat, policy, service_s, stack
 
 KEY = ("idempotency-key", "order-7")
@@ -30,7 +30,7 @@ async def test_a_client_leaving_mid_claim_leaves_a_leader_not_an_orphaned_claim(
     body = chat(20)
     async with stack(policy()) as s:
         pol = s.app.policy.dedup
-        s.app.dedup = Dedup(pol, SlowReplyStore(pol.max_memory_bytes), s.app.metrics)
+        s.app.dedup = Deduplicator(pol, SlowReplyStore(pol.max_memory_bytes), s.app.metrics)
         s.app.request_path.update(s.app.collaborators())  # the request path's parts, with that store
         first = s.call(body, KEY)
         await trio.sleep(0.01)

@@ -20,7 +20,7 @@ import trio
 
 from proxy.core import dedup as core
 from proxy.policy.dedup import Dedup as DedupPolicy
-from proxy.runtime.dedup import Dedup, Leader, MemoryStore
+from proxy.runtime.dedup import Deduplicator, Leader, MemoryStore
 from proxy.runtime.dedup.coalesce import Recording
 from proxy.runtime.dedup.replay_cache import ReplayCache
 
@@ -64,7 +64,7 @@ def assert_honest(real: int, counted: int) -> None:
 @pytest.mark.parametrize("shape", ["json", "sse"])
 def test_the_memory_store_counts_what_it_holds(shape):
     async def fill() -> int:
-        dedup = Dedup(DedupPolicy(max_memory_bytes=1 << 40), MemoryStore(1 << 40))
+        dedup = Deduplicator(DedupPolicy(max_memory_bytes=1 << 40), MemoryStore(1 << 40))
         for i in range(N):
             headers = [(b"idempotency-key", b"key-%d" % i), (b"authorization", b"Bearer tenant")]
             ident = dedup.identify(b"POST", b"/v1/chat/completions", headers, b'{"n": %d}' % i)
@@ -79,7 +79,7 @@ def test_the_memory_store_counts_what_it_holds(shape):
         kept.append(dedup)  # measured while alive
         return dedup.statistics()["store"]["bytes"]
 
-    kept: list[Dedup] = []
+    kept: list[Deduplicator] = []
     real, counted = held(lambda: trio.run(fill))
     assert_honest(real, counted)
 

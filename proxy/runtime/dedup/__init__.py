@@ -2,7 +2,7 @@
 
 The request path's view (see engine.py for the theory of operation):
 
-    dedup = Dedup(policy.dedup, build_store(policy.dedup, metrics), metrics)
+    dedup = Deduplicator(policy.dedup, build_store(policy.dedup, metrics), metrics)
     await nursery.start(dedup.run)                 # store connections, lease refresh
     ident = dedup.identify(method, target, headers, body)   # None | Identity; HeaderError -> 400
     outcome = await dedup.begin(ident.scope, ident.fingerprint)
@@ -11,8 +11,10 @@ The request path's view (see engine.py for the theory of operation):
       Follower(events)   `with outcome.events as events: async for event in events:` Head, Chunk...,
                          then End or Failed (failure_answer(event)); leaving `with` detaches a reader
                          whose client went away
-      Replay(stored)     stored.status/headers/chunks, or async iterate .events
-      Mismatch / InFlightConflict / StoreDown   -> outcome.answer() (status, headers, body)
+      Replay(stored)     stored.status/headers/chunks, or events_of(outcome) (the same events a follower reads)
+      Mismatch / InFlightConflict / StoreDown   -> answer(outcome) (status, headers, body)
+
+Replay, Mismatch and InFlightConflict are proxy.core.dedup's own decision values.
 """
 
 from __future__ import annotations
@@ -21,26 +23,27 @@ from collections.abc import Callable
 
 import trio
 
+from proxy.core.dedup import InFlightConflict, Mismatch, Replay
 from proxy.metrics import Metrics
 from proxy.policy.dedup import Dedup as DedupPolicy
-from proxy.runtime.dedup.engine import Dedup
+from proxy.runtime.dedup.engine import Deduplicator
 from proxy.runtime.dedup.memory import MemoryStore
 from proxy.runtime.dedup.outcomes import (
+    DedupOutcome,
     Follower,
     Identity,
-    InFlightConflict,
     Leader,
     LeaderHandle,
-    Mismatch,
-    Outcome,
-    Replay,
     StoreDown,
+    answer,
+    events_of,
     failure_answer,
 )
 from proxy.runtime.dedup.store import Store, StoreUnavailable
 
 __all__ = [
-    "Dedup",
+    "DedupOutcome",
+    "Deduplicator",
     "Follower",
     "Identity",
     "InFlightConflict",
@@ -48,13 +51,14 @@ __all__ = [
     "LeaderHandle",
     "MemoryStore",
     "Mismatch",
-    "Outcome",
     "RedisStore",
     "Replay",
     "Store",
     "StoreDown",
     "StoreUnavailable",
+    "answer",
     "build_store",
+    "events_of",
     "failure_answer",
 ]
 

@@ -44,17 +44,7 @@ from proxy.metrics import Metrics
 from proxy.policy.dedup import Dedup as DedupPolicy
 from proxy.runtime.dedup.coalesce import Events, Recording
 from proxy.runtime.dedup.guard import StoreGuard
-from proxy.runtime.dedup.outcomes import (
-    Follower,
-    Identity,
-    InFlightConflict,
-    Leader,
-    LeaderHandle,
-    Mismatch,
-    Outcome,
-    Replay,
-    StoreDown,
-)
+from proxy.runtime.dedup.outcomes import DedupOutcome, Follower, Identity, Leader, LeaderHandle, StoreDown
 from proxy.runtime.dedup.replay_cache import ReplayCache, keep_until
 from proxy.runtime.dedup.store import Store, StoreUnavailable
 
@@ -70,7 +60,7 @@ _RELEASE_REASON = {
 _STORE_DOWN = core.Failed(wire.Reason.IDEMPOTENCY_STORE_UNAVAILABLE, "the idempotency store is unavailable")
 
 
-class Dedup:
+class Deduplicator:
     def __init__(
         self,
         policy: DedupPolicy,
@@ -121,7 +111,7 @@ class Dedup:
         values = tuple(header_value(headers, name) for name in self._fp_headers)
         return Identity(core.scope_key(tenant, method, path, key), core.fingerprint(body, query, values))
 
-    async def begin(self, scope: str, fingerprint: str) -> Outcome:
+    async def begin(self, scope: str, fingerprint: str) -> DedupOutcome:
         flight = self._flights.get(scope)
         if flight is not None:
             return self._join(flight, fingerprint)
@@ -160,7 +150,7 @@ class Dedup:
 
     # --- deciding ---
 
-    def _join(self, flight: Recording, fingerprint: str) -> Outcome:
+    def _join(self, flight: Recording, fingerprint: str) -> DedupOutcome:
         record = core.Record(core.State.IN_FLIGHT, flight.fingerprint, flight.token)
         decision = core.decide(record, fingerprint, self._policy.on_in_flight)
         if isinstance(decision, core.Follow):
@@ -170,12 +160,15 @@ class Dedup:
             decision = core.InFlightConflict()  # its start is no longer kept: cannot be served whole
         return self._answer(decision)
 
-    def _answer(self, decision: core.Decision) -> Outcome:
+    def _answer(self, decision: core.Decision) -> DedupOutcome:
+        """A decision that is its own answer: the core's value is the outcome."""
         if isinstance(decision, core.Replay):
-            return self._count("replay", Replay(decision.stored))
+            return self._count("replay", decision)
         if isinstance(decision, core.Mismatch):
-            return self._count("mismatch", Mismatch())
-        return self._count("conflict", InFlightConflict())
+            return self._count("mismatch", decision)
+        if isinstance(decision, core.InFlightConflict):
+            return self._count("conflict", decision)
+        raise core.DedupStateError(f"{decision!r} needs a leader or a follower, not an answer")
 
     def _lead(self, scope: str, fingerprint: str, token: str, degraded: bool) -> Leader:
         flight = Recording(scope, fingerprint, token, self._policy.max_entry_bytes, claimed=not degraded)
@@ -327,7 +320,7 @@ class Dedup:
 
     def __repr__(self) -> str:
         return (
-            f"<Dedup in_flight={len(self._flights)} store={self._store!r} cache={self._cache!r} "
+            f"<Deduplicator in_flight={len(self._flights)} store={self._store!r} cache={self._cache!r} "
             f"on_in_flight={self._policy.on_in_flight}>"
         )
 

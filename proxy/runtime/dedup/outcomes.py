@@ -1,9 +1,11 @@
-"""What `Dedup.begin()` answers, as values, and the leader's recording handle.
+"""What `Deduplicator.begin()` answers, as values, and the leader's recording handle.
 
 Theory of operation: the request path matches on the outcome type and never
-sees the store. Outcomes that end the request themselves (`Mismatch`,
-`InFlightConflict`, `StoreDown`) build their answer with `wire.rejection`, so
-their status codes and reasons stay in the wire contract. A follower whose
+sees the store. `Replay`, `Mismatch` and `InFlightConflict` are the pure core's
+decisions themselves; `Leader`, `Follower` and `StoreDown` exist only at runtime
+(a recording handle, a live subscription, a store that could not be asked).
+Outcomes that end the request themselves get their answer from `answer()`, built
+with `wire.rejection`, so their status codes and reasons stay in the wire contract. A follower whose
 leader failed before any byte reads a `Failed` event; `failure_answer()` turns
 it into the leader's status (or aborts the stream when bytes were sent).
 """
@@ -41,40 +43,36 @@ class Follower:
     remote: bool = False  # the leader is on another replica: the events come after it completes
 
 
-@dataclass(frozen=True, slots=True)
-class Replay:
-    stored: core.Stored
-
-    @property
-    def events(self) -> Events:
-        return Events(core.replay_events(self.stored))
-
-
-@dataclass(frozen=True, slots=True)
-class Mismatch:
-    def answer(self) -> tuple[int, Headers, bytes]:
-        return wire.rejection(
-            wire.Reason.IDEMPOTENCY_KEY_REUSED, "idempotency-key was already used with a different request"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class InFlightConflict:
-    def answer(self) -> tuple[int, Headers, bytes]:
-        return wire.rejection(
-            wire.Reason.IDEMPOTENCY_KEY_IN_FLIGHT, "a request with this idempotency-key is in progress", RETRY_MS
-        )
+# Replay, Mismatch and InFlightConflict are the pure core's own decisions
+# (proxy.core.dedup), passed through as they are: one type per concept.
 
 
 @dataclass(frozen=True, slots=True)
 class StoreDown:
-    def answer(self) -> tuple[int, Headers, bytes]:
+    """The store could not be asked and the policy says fail_closed: 503."""
+
+
+def events_of(outcome: Follower | core.Replay) -> Subscription | Events:
+    """What a follower or a replay reads: a stored response is the same events a live follower gets."""
+    if isinstance(outcome, Follower):
+        return outcome.events
+    return Events(core.replay_events(outcome.stored))
+
+
+def answer(outcome: core.Mismatch | core.InFlightConflict | StoreDown) -> tuple[int, Headers, bytes]:
+    """The answer for an outcome that ends the request itself."""
+    if isinstance(outcome, core.Mismatch):
         return wire.rejection(
-            wire.Reason.IDEMPOTENCY_STORE_UNAVAILABLE, "the idempotency store is unavailable", RETRY_MS
+            wire.Reason.IDEMPOTENCY_KEY_REUSED, "idempotency-key was already used with a different request"
         )
+    if isinstance(outcome, core.InFlightConflict):
+        return wire.rejection(
+            wire.Reason.IDEMPOTENCY_KEY_IN_FLIGHT, "a request with this idempotency-key is in progress", RETRY_MS
+        )
+    return wire.rejection(wire.Reason.IDEMPOTENCY_STORE_UNAVAILABLE, "the idempotency store is unavailable", RETRY_MS)
 
 
-Outcome = Leader | Follower | Replay | Mismatch | InFlightConflict | StoreDown
+DedupOutcome = Leader | Follower | core.Replay | core.Mismatch | core.InFlightConflict | StoreDown
 
 
 def failure_answer(event: core.Failed) -> tuple[int, Headers, bytes]:
