@@ -20,7 +20,7 @@ calibrated policy's default-class budget), so "good" means 2xx within it.
 
 While each run goes, `Sampler` reads the engine's own gauges (vLLM's running
 and waiting requests) and, through the sidecar, its limit, in-flight count and
-queue from /admin/stats, every SAMPLE_S: the run's own record of where
+queue from /admin/stats, every SAMPLE_S (the stats every other time): the run's own record of where
 requests waited (inside the engine, FCFS, or in rampmeter, ordered). After a
 sidecar run its /admin/stats latency section (queue and service time per cost
 bucket, cumulative) is kept with the run's figures.
@@ -40,7 +40,7 @@ from bench.real_servers.servers import ServerSpec, backend_busy_after_s, wait_id
 from proxy import loadtest as lt
 from proxy.calibrate.measure import parse_gauges
 
-SAMPLE_S = 0.5
+SAMPLE_S = 0.5  # vLLM gauges; the sidecar's /admin/stats every other reading (it costs the sidecar CPU)
 SHED_REASONS = {"overloaded", "queue_full", "queue_timeout", "deadline_unmeetable", "gpu_pressure", "tenant_quota"}
 
 
@@ -119,14 +119,16 @@ class Sampler:
         return result
 
     async def _poll(self, client: httpx.AsyncClient) -> None:
+        n = 0
         while True:
             row: dict = {}
+            n += 1
             try:
                 if self.metrics_url:
                     g = parse_gauges((await client.get(self.metrics_url)).text)
                     row["running"] = g.get("vllm:num_requests_running")
                     row["waiting"] = g.get("vllm:num_requests_waiting")
-                if self.admin_url:
+                if self.admin_url and (n % 2 or not self.metrics_url):
                     adm = (await client.get(self.admin_url + "/admin/stats")).json()["admission"]
                     up = adm["upstreams"][0]
                     row |= {"limit": up["limit"], "inflight": up["inflight"], "queued": adm["queued"]}

@@ -39,8 +39,8 @@ driver (`measure.py`) collected, so each rule is tested with numbers by hand.
   end, tokenizing, writing the answer): with the cap at the batch (8 on vLLM's
   CPU build) the engine ran 3.5-5 sequences on average while requests queued
   in the sidecar.
-- `metrics_interval_s(knee)`: how often the sidecar reads the engine's gauges:
-  two short requests' time at the knee, within METRICS_INTERVAL_S; the
+- `metrics_interval_s(step)`: how often the sidecar reads the engine's gauges:
+  two short requests' time at the limit (`at_limit`), within METRICS_INTERVAL_S; the
   engine_queue limit moves one request per reading, so the default 2 s let it
   move 5 in a 10 s run.
 """
@@ -264,10 +264,17 @@ def engine_queue_ceiling(steps: Sequence[SweepStep]) -> int:
 METRICS_INTERVAL_S = (0.5, 2.0)  # a read of vLLM's /metrics costs its HTTP front end CPU: not more than twice a second
 
 
-def metrics_interval_s(knee: SweepStep) -> float:
-    """Seconds between reads of the engine's gauges (see the module doc), to 0.05 s."""
+def at_limit(steps: Sequence[SweepStep], limit: int) -> SweepStep:
+    """The sweep step with the most users not above `limit` (the first step if every one is)."""
+    below = [s for s in steps if s.concurrency <= limit]
+    return max(below, key=lambda s: s.concurrency) if below else steps[0]
+
+
+def metrics_interval_s(step: SweepStep) -> float:
+    """Seconds between reads of the engine's gauges (see the module doc), to 0.05 s; `step` is the
+    sweep's step at the limit (`at_limit`): a p50 at the knee past the engine's batch counts its queue."""
     lo, hi = METRICS_INTERVAL_S
-    want = 2.0 * knee.p50_ms / 1000.0 if math.isfinite(knee.p50_ms) else hi
+    want = 2.0 * step.p50_ms / 1000.0 if math.isfinite(step.p50_ms) else hi
     return round(min(hi, max(lo, want)) * 20) / 20
 
 

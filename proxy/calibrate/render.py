@@ -34,7 +34,7 @@ import textwrap
 
 import msgspec
 
-from proxy.calibrate.fit import CLASS_TURNS, budgets, engine_queue_ceiling, metrics_interval_s, round_up
+from proxy.calibrate.fit import CLASS_TURNS, at_limit, budgets, engine_queue_ceiling, metrics_interval_s, round_up
 from proxy.calibrate.measure import CANCEL_AT, Calibration, RouteCalibration
 from proxy.policy.admission import Limits
 from proxy.policy.load import parse_policy
@@ -235,8 +235,11 @@ def _limits(add, cal: Calibration) -> None:
         add("[gpu]")
         add(f"# Where the engine's gauges are ({', '.join(queue)}).")
         add(f'upstream_metrics_path = "{cal.metrics_path}"')
-        interval = metrics_interval_s(k)
-        add(f"# Seconds: two short requests' time at the knee (p50 {k.p50_ms:,.0f} ms), within 0.5-2 s; the")
+        step = at_limit(cal.sweep, cal.limit)
+        interval = metrics_interval_s(step)
+        add(
+            f"# Seconds: two short requests' time at {step.concurrency} users (p50 {step.p50_ms:,.0f} ms), within 0.5-2 s; the"
+        )
         add("# engine_queue limit moves by one request per reading.")
         add(f"upstream_metrics_interval_s = {interval:.2f}")
     add("")

@@ -13,6 +13,7 @@ from proxy.calibrate.fit import (
     Loaded,
     Point,
     SweepStep,
+    at_limit,
     budgets,
     cancel_verdict,
     engine_batch,
@@ -166,3 +167,7 @@ def test_the_gauges_are_read_every_two_short_requests_within_bounds():
     assert metrics_interval_s(at(371.0)) == 0.75
     assert metrics_interval_s(at(5000.0)) == 2.0  # a serial LLM: not slower than the old default
     assert metrics_interval_s(at(math.inf)) == 2.0
+    # The step at the limit, not the knee past it (2026-12-01 run: knee at 32 users, p50 576 ms: 1.15 s).
+    sweep = steps(6.2, 6.2, 14.4, 22.5, 17.5, 51.1)
+    assert at_limit(sweep, 8).concurrency == 8 and at_limit(sweep, 6).concurrency == 4
+    assert at_limit(sweep, 0).concurrency == 1
