@@ -42,7 +42,7 @@ driver (`measure.py`) collected, so each rule is tested with numbers by hand.
 - `metrics_interval_s(step)`: how often the sidecar reads the engine's gauges:
   two short requests' time at the limit (`at_limit`), within METRICS_INTERVAL_S; the
   engine_queue limit moves one request per reading, so the default 2 s let it
-  move 5 in a 10 s run.
+  move 5 in a 10 s run (a read costs the server's front end CPU: not below 1 s).
 """
 
 from __future__ import annotations
@@ -261,7 +261,10 @@ def engine_queue_ceiling(steps: Sequence[SweepStep]) -> int:
     return max(k, min(queued)) if queued else k
 
 
-METRICS_INTERVAL_S = (0.5, 2.0)  # a read of vLLM's /metrics costs its HTTP front end CPU: not more than twice a second
+# vLLM renders /metrics in Python in its HTTP front end, on the CPU build the same CPU as the engine's:
+# not more than once a second (with the sidecar reading every 0.5 s and the benchmark's sampler too,
+# vLLM's CPU build ran 4.5-5.2 of its 8 sequences on average, against 5.6-6.7 at 1.15 s).
+METRICS_INTERVAL_S = (1.0, 2.0)
 
 
 def at_limit(steps: Sequence[SweepStep], limit: int) -> SweepStep:

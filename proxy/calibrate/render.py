@@ -34,7 +34,15 @@ import textwrap
 
 import msgspec
 
-from proxy.calibrate.fit import CLASS_TURNS, at_limit, budgets, engine_queue_ceiling, metrics_interval_s, round_up
+from proxy.calibrate.fit import (
+    CLASS_TURNS,
+    METRICS_INTERVAL_S,
+    at_limit,
+    budgets,
+    engine_queue_ceiling,
+    metrics_interval_s,
+    round_up,
+)
 from proxy.calibrate.measure import CANCEL_AT, Calibration, RouteCalibration
 from proxy.policy.admission import Limits
 from proxy.policy.load import parse_policy
@@ -235,10 +243,11 @@ def _limits(add, cal: Calibration) -> None:
         add("[gpu]")
         add(f"# Where the engine's gauges are ({', '.join(queue)}).")
         add(f'upstream_metrics_path = "{cal.metrics_path}"')
-        step = at_limit(cal.sweep, cal.limit)
+        step, (lo, hi) = at_limit(cal.sweep, cal.limit), METRICS_INTERVAL_S
         interval = metrics_interval_s(step)
         add(
-            f"# Seconds: two short requests' time at {step.concurrency} users (p50 {step.p50_ms:,.0f} ms), within 0.5-2 s; the"
+            f"# Seconds: two short requests' time at {step.concurrency} users (p50 {step.p50_ms:,.0f} ms), "
+            f"within {lo:g}-{hi:g} s; the"
         )
         add("# engine_queue limit moves by one request per reading.")
         add(f"upstream_metrics_interval_s = {interval:.2f}")
