@@ -93,14 +93,17 @@ def bench_server(name: str, quick: bool, duration: float, repeats: int, out: Pat
             targets = {"direct": (spec.url, None), "rampmeter": (proc.url("data"), proc.popen.pid)}
             cases: dict = {}
             closed = closed_case(spec, model, cal.limit, budget, duration)
-            cases["closed"] = run_case(closed, spec, model, targets, budget, probe_alone, repeats, seed=1)
+            admin = proc.url("admin")
+            cases["closed"] = run_case(closed, spec, model, targets, budget, admin, probe_alone, repeats, seed=1)
             capacity = statistics.median(r["achieved_rps"] for r in cases["closed"]["direct"])
             result["capacity_rps"] = capacity
             over = open_case("overload", spec, model, 2.0 * capacity, budget, duration)
-            cases["overload"] = run_case(over, spec, model, targets, budget, probe_alone, repeats, seed=2)
+            cases["overload"] = run_case(over, spec, model, targets, budget, admin, probe_alone, repeats, seed=2)
             if spec.gauges:
                 same = open_case("same_throughput", spec, model, 0.9 * capacity, budget, duration)
-                cases["same_throughput"] = run_case(same, spec, model, targets, budget, probe_alone, repeats, seed=3)
+                cases["same_throughput"] = run_case(
+                    same, spec, model, targets, budget, admin, probe_alone, repeats, seed=3
+                )
             result["cases"] = cases
             stats = httpx.get(proc.url("admin") + "/admin/stats", timeout=10).json()
             (out / f"{name}.admin_stats.json").write_text(json.dumps(stats, indent=2))
@@ -144,6 +147,17 @@ def targets_for(name: str, r: dict) -> list[dict]:
     return out
 
 
+def _sampled(reps: list[dict], a: str, b: str) -> str:
+    """Means of two gauges sampled during the runs (median over repeats), "a / b"; "-" where not read."""
+
+    def mean(key: str) -> float | None:
+        values = [r.get("sampled", {}).get(key, {}).get("mean") for r in reps]
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    return f"{_fmt(mean(a), '.1f')} / {_fmt(mean(b), '.1f')}"
+
+
 def _fmt(v, spec: str = ".0f") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -165,8 +179,8 @@ def markdown(runs: dict, quick: bool) -> str:
             f"default budget {c['budget_ms']} ms; capacity (direct, closed loop) {r.get('capacity_rps', 0):.1f}/s.",
             "",
             "| case | target | req | ok | good/s | p50 ms | p99 ms | short p50 | long p50 | sheds | other non-2xx "
-            "| busy after s | sidecar CPU us/req |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| busy after s | sidecar CPU us/req | engine running / waiting (mean) | sidecar limit / queued (mean) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for case, per_target in r.get("cases", {}).items():
             for tname, reps in per_target.items():
@@ -177,7 +191,8 @@ def markdown(runs: dict, quick: bool) -> str:
                     f"| {_fmt(_median(reps, 'p50_ms', 'long'))} | {sum(x['sheds'] for x in reps)} "
                     f"| {sum(x['requests'] - x['ok'] - x['sheds'] for x in reps)} "
                     f"| {_fmt(_median(reps, 'backend_busy_after_s'), '.1f')} "
-                    f"| {_fmt(_median(reps, 'sidecar_cpu_us_per_request'))} |"
+                    f"| {_fmt(_median(reps, 'sidecar_cpu_us_per_request'))} "
+                    f"| {_sampled(reps, 'running', 'waiting')} | {_sampled(reps, 'limit', 'queued')} |"
                 )
         lines.append("")
     return "\n".join(lines)

@@ -17,19 +17,30 @@ calibrated policy's default-class budget), so "good" means 2xx within it.
 - same_throughput (vLLM): open loop at 0.9 x capacity with the 80/20 mix:
   short requests' p50 direct / through rampmeter >= 2 at (about) the same
   throughput.
+
+While each run goes, `Sampler` reads the engine's own gauges (vLLM's running
+and waiting requests) and, through the sidecar, its limit, in-flight count and
+queue from /admin/stats, every SAMPLE_S (the stats every other time): the run's own record of where
+requests waited (inside the engine, FCFS, or in rampmeter, ordered). After a
+sidecar run its /admin/stats latency section (queue and service time per cost
+bucket, cumulative) is kept with the run's figures.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import httpx
 import trio
 
 from bench.common import cpu_seconds
 from bench.real_servers.servers import ServerSpec, backend_busy_after_s, wait_idle
 from proxy import loadtest as lt
+from proxy.calibrate.measure import parse_gauges
 
+SAMPLE_S = 0.5  # vLLM gauges; the sidecar's /admin/stats every other reading (it costs the sidecar CPU)
 SHED_REASONS = {"overloaded", "queue_full", "queue_timeout", "deadline_unmeetable", "gpu_pressure", "tenant_quota"}
 
 
@@ -57,6 +68,7 @@ def run_case(
     model: str | None,
     targets: dict[str, tuple[str, int | None]],
     budget_ms: int,
+    admin: str | None,
     probe_alone_ms: float,
     repeats: int,
     seed: int,
@@ -69,13 +81,73 @@ def run_case(
             wait_idle(spec, model, probe_alone_ms)
             cpu0 = cpu_seconds(pid) if pid else None
             target = lt.Target(url, name=name, timeout_s=budget_ms / 1000.0, max_in_flight=2048, check_json=False)
+            sampler = Sampler(spec.url + "/metrics" if spec.gauges else None, admin if pid else None)
             t0 = time.monotonic()
-            result = trio.run(lt.run, trace, target)
+            result = trio.run(sampler.run, trace, target)
             wall = time.monotonic() - t0
             busy = backend_busy_after_s(spec, model, probe_alone_ms)
             cpu = cpu_seconds(pid) - cpu0 if pid else None
-            out[name].append(figures(result, busy, wall, cpu))
+            row = figures(result, busy, wall, cpu)
+            row["sampled"] = sampler.summary()
+            if pid and admin:
+                row["admin_latency"] = _admin(admin).get("latency")
+            out[name].append(row)
     return out
+
+
+def _admin(admin: str) -> dict:
+    try:
+        return httpx.get(admin + "/admin/stats", timeout=10).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+@dataclass
+class Sampler:
+    """Engine gauges and the sidecar's limit / in flight / queue while one run goes (see the module doc)."""
+
+    metrics_url: str | None
+    admin_url: str | None
+    rows: list[dict] = field(default_factory=list)
+
+    async def run(self, trace: lt.Trace, target: lt.Target) -> lt.RunResult:
+        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client, trio.open_nursery() as nursery:
+            if self.metrics_url or self.admin_url:
+                nursery.start_soon(self._poll, client)
+            result = await lt.run(trace, target)
+            nursery.cancel_scope.cancel()
+        return result
+
+    async def _poll(self, client: httpx.AsyncClient) -> None:
+        n = 0
+        while True:
+            row: dict = {}
+            n += 1
+            try:
+                if self.metrics_url:
+                    g = parse_gauges((await client.get(self.metrics_url)).text)
+                    row["running"] = g.get("vllm:num_requests_running")
+                    row["waiting"] = g.get("vllm:num_requests_waiting")
+                if self.admin_url and (n % 2 or not self.metrics_url):
+                    adm = (await client.get(self.admin_url + "/admin/stats")).json()["admission"]
+                    up = adm["upstreams"][0]
+                    row |= {"limit": up["limit"], "inflight": up["inflight"], "queued": adm["queued"]}
+            except (httpx.HTTPError, ValueError, KeyError, IndexError):
+                pass
+            if row:
+                self.rows.append(row)
+            await trio.sleep(SAMPLE_S)
+
+    def summary(self) -> dict:
+        out: dict = {"readings": len(self.rows)}
+        for key in ("running", "waiting", "limit", "inflight", "queued"):
+            values = [r[key] for r in self.rows if r.get(key) is not None]
+            if values:
+                out[key] = {"mean": statistics.fmean(values), "max": max(values), "min": min(values)}
+        waits = [r["waiting"] for r in self.rows if r.get("waiting") is not None]
+        if waits:
+            out["waiting_share"] = sum(1 for w in waits if w >= 1) / len(waits)
+        return out
 
 
 def figures(result: lt.RunResult, busy_after_s: float, wall_s: float, cpu_s: float | None) -> dict:

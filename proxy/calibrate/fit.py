@@ -21,8 +21,28 @@ driver (`measure.py`) collected, so each rule is tested with numbers by hand.
   (its extra delay against its own time alone, compared with the work the
   dropped requests had left) or watched the engine's running gauge drain.
   True / False when the trials agree clearly, None ("auto") otherwise.
-- `budgets(turn_ms)`: class deadline budgets in units of one "turn", the
-  longer of a short request's p99 at the knee and the slowest shape alone.
+- `turn(knee, alone, loaded)`: one "turn", the time the slowest request
+  calibration measured takes where the sidecar will keep the server: the
+  longest of the short shape's p99 at the knee, each shape's median alone, and
+  each shape's p99 in a mixed closed loop with the limit's worth in flight
+  (`Loaded`). A budget from the shapes alone was too tight for a long answer
+  under load: vLLM's CPU build served 256 tokens in 0.85 s alone but 1.7-2.6 s
+  with 8 in flight, so a 1.7-2.2 s budget turned a closed loop the server
+  serves into 31-39 `deadline_unmeetable` rejections (and the same requests
+  sent direct ran out at that budget too).
+- `budgets(turn_ms)`: class deadline budgets in turns (CLASS_TURNS): the
+  default class has 4, so a request may wait up to three turns for a slot.
+- `engine_queue_ceiling(steps)`: the `max_limit` for `kind = "engine_queue"`:
+  the first sweep step at which requests stood in the engine's own queue (the
+  knee, if later). Between the engine's batch and there, the limit finds by
+  itself how many the server holds in flight outside its batch (HTTP front
+  end, tokenizing, writing the answer): with the cap at the batch (8 on vLLM's
+  CPU build) the engine ran 3.5-5 sequences on average while requests queued
+  in the sidecar.
+- `metrics_interval_s(step)`: how often the sidecar reads the engine's gauges:
+  two short requests' time at the limit (`at_limit`), within METRICS_INTERVAL_S; the
+  engine_queue limit moves one request per reading, so the default 2 s let it
+  move 5 in a 10 s run (a read costs the server's front end CPU: not below 1 s).
 """
 
 from __future__ import annotations
@@ -143,14 +163,16 @@ def knee(steps: Sequence[SweepStep]) -> SweepStep:
     return min((s for s in usable if s.throughput_rps >= KNEE_WITHIN * best), key=lambda s: s.concurrency)
 
 
+def _engine_queued(s: SweepStep) -> bool:
+    """Requests waited inside the engine while it ran fewer than the users sent: its batch was full.
+    (A request that arrives between two engine steps waits a moment while every user runs: no queue.)"""
+    return bool(s.engine_waiting_max and s.engine_running_max and s.engine_running_max < s.concurrency)
+
+
 def engine_batch(steps: Sequence[SweepStep]) -> int | None:
     """The engine's own batch size, where its gauges show it: the most requests it ran at once in a
     step where others waited inside it (vLLM --max-num-seqs). None without such a step."""
-    full = [
-        s.engine_running_max
-        for s in steps
-        if s.engine_waiting_max and s.engine_running_max and s.engine_running_max < s.concurrency
-    ]
+    full = [s.engine_running_max for s in steps if _engine_queued(s) and s.engine_running_max]
     return int(max(full)) if full else None
 
 
@@ -208,6 +230,55 @@ def cancel_verdict(trials: Sequence[CancelTrial]) -> bool | None:
         if decided and len(set(decided)) == 1 and len(decided) * 2 > len(votes):
             return decided[0]
     return None
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One shape's latency in a mixed closed loop with `concurrency` users (the server as the sidecar keeps it)."""
+
+    label: str
+    concurrency: int
+    p50_ms: float
+    p99_ms: float
+    samples: int  # answers that came back 2xx
+    output_tokens: float = 0.0  # as asked (the longest answer calibration measured, for the comment)
+
+
+def turn(knee: SweepStep, sweep_label: str, alone: Sequence[tuple[str, float]], loaded: Sequence[Loaded]):
+    """(ms, what it is) of one turn: the longest of the figures in the module doc. A loaded shape
+    with no 2xx answer is left out (its alone figure still counts)."""
+    candidates = [(knee.p99_ms, f"p99 of {sweep_label} at the knee ({knee.concurrency} in flight)")]
+    candidates += [(ms, f"{label} alone") for label, ms in alone]
+    candidates += [(s.p99_ms, f"p99 of {s.label} with {s.concurrency} in flight") for s in loaded if s.samples]
+    finite = [c for c in candidates if math.isfinite(c[0])] or [(float(MIN_BUDGET_MS), "no figure")]
+    return max(finite, key=lambda c: c[0])
+
+
+def engine_queue_ceiling(steps: Sequence[SweepStep]) -> int:
+    """`max_limit` for the engine_queue limit (see the module doc): the first step with a standing engine queue."""
+    k = knee(steps).concurrency
+    queued = [s.concurrency for s in steps if _engine_queued(s) and s.failed_fraction <= MAX_FAILED]
+    return max(k, min(queued)) if queued else k
+
+
+# vLLM renders /metrics in Python in its HTTP front end, on the CPU build the same CPU as the engine's:
+# not more than once a second (with the sidecar reading every 0.5 s and the benchmark's sampler too,
+# vLLM's CPU build ran 4.5-5.2 of its 8 sequences on average, against 5.6-6.7 at 1.15 s).
+METRICS_INTERVAL_S = (1.0, 2.0)
+
+
+def at_limit(steps: Sequence[SweepStep], limit: int) -> SweepStep:
+    """The sweep step with the most users not above `limit` (the first step if every one is)."""
+    below = [s for s in steps if s.concurrency <= limit]
+    return max(below, key=lambda s: s.concurrency) if below else steps[0]
+
+
+def metrics_interval_s(step: SweepStep) -> float:
+    """Seconds between reads of the engine's gauges (see the module doc), to 0.05 s; `step` is the
+    sweep's step at the limit (`at_limit`): a p50 at the knee past the engine's batch counts its queue."""
+    lo, hi = METRICS_INTERVAL_S
+    want = 2.0 * step.p50_ms / 1000.0 if math.isfinite(step.p50_ms) else hi
+    return round(min(hi, max(lo, want)) * 20) / 20
 
 
 CLASS_TURNS = {"realtime": 2.0, "interactive": 4.0, "batch": 30.0}  # default budget, in turns

@@ -17,12 +17,17 @@ commented policy. Nothing here decides a policy value: `fit.py` does.
    `reps` requests per shape; medians fit the route's priors.
 4. The knee: closed-loop steps of the load generator at 1, 2, 4, ... users on
    the first route's short shape, until throughput is flat (`fit.sweep_done`).
-5. Whether a disconnect stops the work: `trials` times, fill the engine (the
+5. Under load: one mixed closed loop of every shape plus the long request
+   below, with the limit's worth of users (the server as the sidecar will keep
+   it): each shape's p99 there is a candidate for the budgets' turn
+   (`fit.turn`). Skipped for a serial server (limit 1: alone is its load) and a
+   single fixed request (the sweep measured it).
+6. Whether a disconnect stops the work: `trials` times, fill the engine (the
    knee's worth of long requests on raw sockets), close them all after a third
    of their time alone, then either watch the engine's running gauge drain (when
    /metrics has `vllm:num_requests_running`) or time a short request against its
    time alone; between trials the server is let go idle.
-6. Engine queue gauges on /metrics (vLLM's waiting/running, Triton's pending
+7. Engine queue gauges on /metrics (vLLM's waiting/running, Triton's pending
    count), for `[limits] kind = "engine_queue"`.
 
 Everything is bounded: each request by `timeout_s`, each sweep step by
@@ -48,6 +53,7 @@ from proxy.calibrate import shapes as cs
 from proxy.calibrate.fit import (
     CancelTrial,
     Coefficients,
+    Loaded,
     Point,
     SweepStep,
     cancel_verdict,
@@ -55,6 +61,7 @@ from proxy.calibrate.fit import (
     fit_service,
     knee,
     limit_for,
+    turn,
 )
 from proxy.calibrate.fit import sweep_done as sweep_is_done
 from proxy.core.health import HealthDiscovery, next_check_in
@@ -74,6 +81,7 @@ SETTLE_S = 0.05  # after the drop, before the short request or the gauge watch
 MAX_LONG_TOKENS = 2048
 LONG_TARGET_MS = 1000.0  # the cancel test's long request: at least this long alone ...
 LONG_TIMES_SHORT = 8.0  # ... and this many short requests
+LOADED_LONGS = 8.0  # the loaded step lasts this many long requests' time alone (within the step bounds)
 
 
 @dataclass(frozen=True)
@@ -135,16 +143,22 @@ class Calibration:
     metrics_path: str
     duration_s: float
     notes: tuple[str, ...] = field(default=())
+    loaded: tuple[Loaded, ...] = ()  # each shape with the limit's worth in flight (step 5)
+    long_output_tokens: float = 0.0  # the long request's output tokens, as asked
 
     @property
     def short(self) -> ShapeFigure:
         return self.routes[0].shapes[0]
 
     @property
+    def turn(self) -> tuple[float, str]:
+        """One turn (ms, what it is): the slowest request measured, under load where it was (`fit.turn`)."""
+        alone = [(s.label, s.p50_ms) for r in self.routes for s in r.shapes] + [(self.long_label, self.long_alone_ms)]
+        return turn(self.knee, self.sweep_label, alone, self.loaded)
+
+    @property
     def turn_ms(self) -> float:
-        """One turn: the longer of a short request's p99 at the knee and the slowest shape alone."""
-        slowest = max(s.p50_ms for r in self.routes for s in r.shapes)
-        return max(self.knee.p99_ms, slowest)
+        return self.turn[0]
 
 
 class CalibrationError(Exception):
@@ -184,6 +198,8 @@ async def calibrate(options: Options) -> Calibration:
     limit = limit_for(steps)
     async with new_client(4) as client:
         long_cal, long_ms = await _long_request(client, url, endpoints[0], model, routes[0], options)
+        every = [s for e in endpoints for s in cal_shapes[e]] + [long_cal]
+        loaded = await _loaded(url, every, long_ms, limit, options)
         trials = await _cancel_trials(client, url, options, short, long_cal, long_ms, alone, limit, gauges)
     if at_knee.concurrency >= options.max_concurrency:
         notes.append(f"throughput still grew at --max-concurrency {options.max_concurrency}: the knee may be higher")
@@ -207,6 +223,8 @@ async def calibrate(options: Options) -> Calibration:
         metrics_path=options.metrics_path,
         duration_s=time.monotonic() - started,
         notes=tuple(notes),
+        loaded=loaded,
+        long_output_tokens=long_cal.max_tokens,
     )
 
 
@@ -437,7 +455,30 @@ async def _closed(shapes: Sequence[lt.Shape], url: str, *, users: int, duration_
     return await lt.run(trace, target)
 
 
-# --- 5: does a disconnect stop the work? ----------------------------------------------------
+# --- 5: under load -------------------------------------------------------------------------
+
+
+async def _loaded(url: str, shapes: Sequence[cs.CalShape], long_ms: float, users: int, options: Options):
+    """Each shape's latency in one mixed closed loop of `users` (see the module doc, step 5)."""
+    unique = list({s.label: s for s in shapes}.values())
+    if users <= 1 or len(unique) <= 1:
+        return ()
+    duration = min(options.max_step_s, max(options.min_step_s, LOADED_LONGS * long_ms / 1000.0))
+    result = await _closed([s.shape for s in unique], url, users=users, duration_s=duration, options=options)
+    figures = result.analyze(lt.SLA()).steps[0].by_shape
+    out = []
+    for s in unique:
+        f = figures.get(s.label)
+        if f is None or f.latency is None or not f.ok:
+            continue
+        out.append(Loaded(s.label, users, f.latency.p50_ms, f.latency.p99_ms, f.ok, s.max_tokens))
+        log.info(
+            "calibrate: %s with %d in flight: p50 %.0f p99 %.0f ms", s.label, users, out[-1].p50_ms, out[-1].p99_ms
+        )
+    return tuple(out)
+
+
+# --- 6: does a disconnect stop the work? ----------------------------------------------------
 
 
 async def _gauges(client: httpx.AsyncClient, metrics_url: str) -> dict[str, float]:

@@ -8,8 +8,11 @@ figures for and nothing else (every other key keeps its documented default):
 - `[warmup]`: the health path discovery found (pinned), and one probe of the
   short shape, so warm-up measures it again at every start;
 - `[limits]`: the knee of the concurrency sweep as a fixed limit in requests, or
-  `kind = "engine_queue"` bounded by it where the server exports its queue;
-- `[scheduling]`, `[classes.*]`: SJF, and class budgets in turns (`fit.budgets`);
+  `kind = "engine_queue"` where the server exports its queue, starting at the
+  engine's batch and bounded by `fit.engine_queue_ceiling`, with `[gpu]`
+  reading the gauges every `fit.metrics_interval_s`;
+- `[scheduling]`, `[classes.*]`: SJF, and class budgets in turns (`fit.budgets`)
+  of the slowest request measured, under load where it was (`fit.turn`);
 - `[[routes]]`: one per route found, its priors fitted from the medians alone,
   chars_per_token and output_fill_ratio from the server's usage where reported,
   and a catch-all;
@@ -31,7 +34,15 @@ import textwrap
 
 import msgspec
 
-from proxy.calibrate.fit import CLASS_TURNS, budgets, round_up
+from proxy.calibrate.fit import (
+    CLASS_TURNS,
+    METRICS_INTERVAL_S,
+    at_limit,
+    budgets,
+    engine_queue_ceiling,
+    metrics_interval_s,
+    round_up,
+)
 from proxy.calibrate.measure import CANCEL_AT, Calibration, RouteCalibration
 from proxy.policy.admission import Limits
 from proxy.policy.load import parse_policy
@@ -129,10 +140,17 @@ def _scheduling(add, cal: Calibration, turn: float, budget: dict[str, int]) -> N
     add('order = "sjf"')
     add('default_class = "interactive"')
     add("")
-    how = f"p99 of {cal.sweep_label} at the knee ({cal.knee.p99_ms:,.0f} ms)"
-    slowest = max((s for r in cal.routes for s in r.shapes), key=lambda s: s.p50_ms)
-    if slowest.p50_ms > cal.knee.p99_ms:
-        how = f"{slowest.label} alone ({slowest.p50_ms:,.0f} ms)"
+    how = cal.turn[1]
+    if cal.loaded:
+        add(f"# Latency with {cal.loaded[0].concurrency} in flight (a mixed closed loop of every shape): p50, p99")
+        for s in cal.loaded:
+            add(f"#   {s.label:<18} {s.p50_ms:9,.0f} {s.p99_ms:9,.0f} ms, {s.samples} answers")
+    if cal.long_output_tokens:
+        add(
+            f"# Budgets hold answers up to {cal.long_output_tokens:g} output tokens ({cal.long_label}, the longest measured);"
+        )
+        add("# clients that ask for longer ones should send x-request-timeout-ms, or raise default_timeout_ms.")
+    add("")
     for name, turns in CLASS_TURNS.items():
         add(f"[classes.{name}]")
         add(f"priority = {PRIORITY[name]}")
@@ -212,9 +230,12 @@ def _limits(add, cal: Calibration) -> None:
         add("# more would only wait inside the engine, in its order rather than ours.")
     add(f"initial_limit = {cal.limit}")
     add("min_limit = 1")
-    if engine and k.concurrency > cal.limit:
-        add(f"# Following the engine's queue, up to the knee ({k.concurrency}): more does not add throughput.")
-        add(f"max_limit = {k.concurrency}")
+    ceiling = engine_queue_ceiling(cal.sweep)
+    if engine and ceiling > cal.limit:
+        add(f"# Following the engine's queue, up to {ceiling} (the first step with requests waiting inside the engine,")
+        add("# or the knee): the server also holds requests outside its batch (HTTP, tokenizing, answers being")
+        add("# written), and the limit finds how many by keeping the engine's own queue near empty.")
+        add(f"max_limit = {ceiling}")
     else:
         add(f"max_limit = {cal.limit}")
     if queue:
@@ -222,6 +243,14 @@ def _limits(add, cal: Calibration) -> None:
         add("[gpu]")
         add(f"# Where the engine's gauges are ({', '.join(queue)}).")
         add(f'upstream_metrics_path = "{cal.metrics_path}"')
+        step, (lo, hi) = at_limit(cal.sweep, cal.limit), METRICS_INTERVAL_S
+        interval = metrics_interval_s(step)
+        add(
+            f"# Seconds: two short requests' time at {step.concurrency} users (p50 {step.p50_ms:,.0f} ms), "
+            f"within {lo:g}-{hi:g} s; the"
+        )
+        add("# engine_queue limit moves by one request per reading.")
+        add(f"upstream_metrics_interval_s = {interval:.2f}")
     add("")
 
 

@@ -28,9 +28,11 @@ admission controller enforces it. Each change records its reason
   the engine's waiting queue stands (a decayed mean of at least half a request,
   some waiting now, and the engine running as many as it has been seen to run:
   a request that arrived between two engine steps waits a moment below the
-  engine's capacity, which is no queue) the limit drops to what the engine
-  runs; while nothing waits there and the sidecar uses its whole limit, it
-  grows by one per reading.
+  engine's capacity, which is no queue) the limit drops by what waits there
+  (to what the sidecar has in flight less the engine's waiting, at least what
+  the engine runs: requests in the server's front end are no queue); while
+  nothing waits there and the sidecar uses its whole limit, it grows by one
+  per reading.
   It settles at the largest limit the engine runs without queueing, so the
   engine runs full batches and every queued request is ordered by rampmeter.
 - The gradient limit takes the same reading as a ceiling (`on_engine`): it
@@ -85,7 +87,10 @@ class EngineQueue:
         self.peak_running = max(runs, self.peak_running * PEAK_DECAY)
         at_capacity = runs >= self.peak_running - 0.5
         if waiting >= 1 and self.waiting_mean >= STANDING and at_capacity:
-            new = max(lo, min(self.limit, runs))
+            # Take off what waits inside the engine, not what is on its way in or out of it (the HTTP
+            # front end, tokenizing, the answer being written): dropping to `runs` left vLLM's CPU
+            # build running 3.5-5.7 of its 8 while requests queued in the sidecar.
+            new = max(lo, min(self.limit, max(runs, inflight - waiting)))
             if new < self.limit:
                 self.limit, self.reason = new, "engine_queue"
         elif waiting < 1 and inflight >= int(self.limit) and self.limit < hi:

@@ -7,7 +7,8 @@ known profile:
 - the sim pod's llm profile with --max-num-seqs 8 (continuous batching, stops
   on cancel, exports vLLM's gauges): ms per output token within 25 % of
   (base_ms + per_seq_ms) / speed, chars_per_token within 10 %, the limit exactly
-  the engine's 8 (read off its gauges), stops_on_cancel true;
+  the engine's 8 (read off its gauges) following the engine's queue up to 16,
+  budgets from the long request with 8 in flight, stops_on_cancel true;
 - the sim pod's serial profile (one slot, FIFO, keeps computing) with no /health
   and no /v1: ms per output and prompt token within 15 % / 30 %, the limit 1, the
   health path discovered (/models), stops_on_cancel false (from its gauges);
@@ -63,6 +64,11 @@ def test_sim_pod_llm_profile(tmp_path):
     assert route.chars_per_token == pytest.approx(profile.chars_per_token, rel=0.1)
     assert route.ms_per_prompt_token <= 5 * profile.prefill_ms_per_token / speed + 0.01
     assert policy.limits.initial_limit == profile.max_num_seqs, text  # the engine's batch, from its gauges
+    # Following the engine's queue up to the first step where it stood (16 users), its gauges read every 1 s.
+    assert (policy.limits.kind, policy.limits.max_limit) == ("engine_queue", 16), text
+    assert policy.gpu.upstream_metrics_interval_s == 1.0
+    # Budgets in turns of the long request with the engine full (each step costs per_seq_ms more per sequence).
+    assert "turns of" in text and "the p99 of chat:cancel with 8 in flight" in text, text
     assert policy.warmup.health_path == "/health"
     assert policy.gpu.upstream_metrics_path == "/metrics"
     assert STOPS.search(text).group(1) == "true", text

@@ -11,7 +11,8 @@ Example: rampmeter sim-pod --listen 127.0.0.1:0 --profile fixed --speed 10
 Real servers' habits: --profile serial (one at a time, keeps computing after a
 disconnect), --profile keeps-computing (padded batches), or on any profile
 --stops-on-cancel false, --health-path "" (no /health), --api-prefix "" (no /v1),
---batching padded, --max-num-seqs 1.
+--batching padded, --max-num-seqs 1, --frontend-ms 60 (time in the HTTP front end, outside the
+engine's gauges, as vLLM's CPU build on a busy machine).
 """
 
 from __future__ import annotations

@@ -41,6 +41,10 @@ field, so any profile can take any of them (`--stops-on-cancel false` ...):
   input padded to the longest prompt, and every member finishes with the
   longest one, as TorchServe, Triton's plain dynamic batcher and LitServe do).
 - max_num_seqs = 1 is a strictly serial FIFO engine (llama.cpp with one slot).
+- `frontend_ms`: a request spends this long in the server's HTTP front end before
+  the engine counts it (parsing, tokenizing) and again after it ends (the answer
+  being written), outside the engine's gauges: vLLM's CPU build on a busy machine
+  held 3-4 requests there (bench/real_servers, 2026-12-01).
 
 Two more built-in profiles carry those habits:
 - "serial": a llama.cpp-style server on CPU: one request at a time, first come
@@ -93,9 +97,12 @@ class Profile:
     health_path: str = _f("/health", "health endpoint path; empty: none (404)")
     api_prefix: str = _f("/v1", "prefix of the OpenAI paths; empty: /chat/completions, /embeddings ... without /v1")
     batching: str = _f("continuous", "continuous (join every step) or padded (static batches, all finish together)")
+    frontend_ms: float = _f(
+        0.0, "ms a request spends in the HTTP front end before the engine sees it, and again after it ends"
+    )
 
     def __post_init__(self) -> None:
-        for name in ("base_ms", "per_seq_ms", "prefill_ms_per_token", "stop_mean_tokens"):
+        for name in ("base_ms", "per_seq_ms", "prefill_ms_per_token", "stop_mean_tokens", "frontend_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         for name in ("max_num_seqs", "kv_capacity_tokens", "max_model_len", "default_max_tokens", "embedding_dim"):
