@@ -7,6 +7,11 @@ proxy/http subclasses or reaches into these (not their documented API):
 - upstream_h2.py: `_GracefulStateMachine` extends `H2ConnectionStateMachine._transitions`
   (keyed by ConnectionState / ConnectionInputs members); `_ClientState` overrides
   `open_outbound_streams` and the connection's `state_machine` is swapped;
+- h2stream.py: serialises HEADERS/CONTINUATION/DATA frames itself and moves h2's state as
+  send_headers / send_data would: `conn.state_machine.process_input(ConnectionInputs.SEND_HEADERS /
+  SEND_DATA)`, `conn.streams[sid].state_machine.process_input(StreamInputs.SEND_HEADERS / SEND_DATA /
+  SEND_END_STREAM)`, both objects' `outbound_flow_control_window`, `conn.encoder`; h2server.py reads
+  `conn._data_to_send` (h2's pending output) to keep it ahead of those frames;
 - hpack_memo.py: `VersionedHeaderTable` subclasses `hpack.table.HeaderTable` (its `_maxsize`,
   the `maxsize` property's setter, `dynamic_entries`, `resized`, `add`), and `install` swaps the
   connection's `encoder` / `decoder` (their `header_table`, `max_header_list_size`,
@@ -73,3 +78,28 @@ def test_the_memo_installs_on_a_fresh_connection_and_round_trips():
     headers = [(b":method", b"GET"), (b":path", b"/"), (b"x-a", b"1")]
     block = conn.encoder.encode(headers)
     assert [tuple(h) for h in hpack_memo.MemoDecoder().decode(block, raw=True)] == headers
+
+
+def test_h2_send_state_internals():
+    """What h2stream's own frame serialisation moves, exactly as h2's send_headers/send_data would."""
+    from h2.connection import ConnectionInputs
+    from h2.stream import StreamInputs
+
+    server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    client.send_headers(
+        1, [(":method", "GET"), (":path", "/"), (":scheme", "http"), (":authority", "x")], end_stream=True
+    )
+    server.initiate_connection()
+    server.receive_data(client.data_to_send())
+    assert isinstance(server._data_to_send, bytearray) and server._data_to_send
+    state = server.streams[1]
+    window = state.outbound_flow_control_window
+    assert isinstance(window, int) and isinstance(server.outbound_flow_control_window, int)
+    server.state_machine.process_input(ConnectionInputs.SEND_HEADERS)
+    state.state_machine.process_input(StreamInputs.SEND_HEADERS)
+    server.state_machine.process_input(ConnectionInputs.SEND_DATA)
+    state.state_machine.process_input(StreamInputs.SEND_DATA)
+    state.state_machine.process_input(StreamInputs.SEND_END_STREAM)
+    assert state.closed and state.state_machine.headers_sent
