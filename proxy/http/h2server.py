@@ -214,7 +214,7 @@ class _Worker:
 
     __slots__ = ("_conn", "_lot", "_next")
 
-    def __init__(self, conn: H2Connection, stream: H2Stream) -> None:
+    def __init__(self, conn: H2ServerConnection, stream: H2Stream) -> None:
         self._conn = conn
         self._next: H2Stream | None = stream
         self._lot = trio.lowlevel.ParkingLot()
@@ -259,7 +259,7 @@ def flood_limits(limits) -> FloodLimits:
     )
 
 
-class H2Connection:
+class H2ServerConnection:
     protocol = "h2"
 
     def __init__(self, ctx: ServerContext, stream: trio.SocketStream, client: str, accepted_at: float) -> None:
@@ -315,7 +315,7 @@ class H2Connection:
     def __repr__(self) -> str:
         draining = "" if self._goaway_last is None else f" goaway<={self._goaway_last}"
         state = f"streams={len(self.streams)} requests={self.requests}{draining}"
-        return f"<H2Connection {self._client} {state}>"
+        return f"<H2ServerConnection {self._client} {state}>"
 
     @property
     def client(self) -> str:

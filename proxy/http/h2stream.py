@@ -23,7 +23,7 @@ h2_send_timeout_s is reset (RST_STREAM CANCEL), which frees its memory and its
 stream slot. h2 errors on a stream the peer reset become `ClientGone`, so h2 never
 leaks past this module.
 
-Invariant: `H2Connection.stream_done()` is called exactly once per started stream,
+Invariant: `H2ServerConnection.stream_done()` is called exactly once per started stream,
 also on cancellation; held bytes leave the connection's count exactly once.
 """
 
@@ -46,7 +46,7 @@ from proxy.http.h2rules import Malformed, RequestHead
 from proxy.http.messages import HOP_BY_HOP, Handler, Headers, Request, header_value
 
 if TYPE_CHECKING:
-    from proxy.http.h2server import H2Connection
+    from proxy.http.h2server import H2ServerConnection
 
 NO_BODY_STATUS = frozenset({204, 304})
 _STATUS: dict[int, bytes] = {}
@@ -76,7 +76,7 @@ async def _options_star(request: Request, sink) -> None:
 
 
 def build_request(
-    conn: H2Connection, sid: int, head: RequestHead | Malformed, client: str
+    conn: H2ServerConnection, sid: int, head: RequestHead | Malformed, client: str
 ) -> tuple[Request, H2Body, Handler]:
     """The Request for a HEADERS frame, and who answers it: the handler, or 400/405/413/431 at once."""
     ctx = conn.ctx
@@ -119,7 +119,7 @@ class H2Body(BufferedBody):
 
     __slots__ = ("_conn", "_sid", "accounted", "request")
 
-    def __init__(self, conn: H2Connection, sid: int, content_length: int | None, limit: int) -> None:
+    def __init__(self, conn: H2ServerConnection, sid: int, content_length: int | None, limit: int) -> None:
         super().__init__(content_length, limit)
         self._conn = conn
         self._sid = sid
@@ -205,7 +205,7 @@ class H2Sink:
         "status",
     )
 
-    def __init__(self, conn: H2Connection, stream: H2Stream, head_request: bool) -> None:
+    def __init__(self, conn: H2ServerConnection, stream: H2Stream, head_request: bool) -> None:
         self._conn = conn
         self._stream = stream
         self._head_request = head_request
@@ -455,7 +455,7 @@ class H2Sink:
 class H2Stream:
     __slots__ = ("body", "conn", "handler", "request", "scope", "sid", "sink")
 
-    def __init__(self, conn: H2Connection, sid: int, request: Request, body: H2Body, handler: Handler) -> None:
+    def __init__(self, conn: H2ServerConnection, sid: int, request: Request, body: H2Body, handler: Handler) -> None:
         self.conn = conn
         self.sid = sid
         self.request = request

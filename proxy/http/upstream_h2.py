@@ -1,6 +1,6 @@
 """HTTP/2 cleartext (prior knowledge) upstream connection: many concurrent streams on one socket.
 
-Theory of operation: `H2Connection.open(host, port, nursery=...)` connects, sends
+Theory of operation: `H2UpstreamConnection.open(host, port, nursery=...)` connects, sends
 the preface and our SETTINGS, starts two tasks in the given nursery and returns
 once the peer's SETTINGS arrived and ours were acknowledged (so
 `max_streams` and the windows are known). The reader task feeds every received
@@ -91,7 +91,7 @@ class _GracefulStateMachine(h2.connection.H2ConnectionStateMachine):
     }
 
 
-def _noop(conn: H2Connection) -> None:
+def _noop(conn: H2UpstreamConnection) -> None:
     pass
 
 
@@ -178,9 +178,13 @@ class _Stream:
         await event.wait()
 
 
-class H2Connection:
+class H2UpstreamConnection:
     def __init__(
-        self, stream: trio.SocketStream, label: str, on_change: Callable[[H2Connection], None], nursery: trio.Nursery
+        self,
+        stream: trio.SocketStream,
+        label: str,
+        on_change: Callable[[H2UpstreamConnection], None],
+        nursery: trio.Nursery,
     ) -> None:
         self._stream = stream
         self._nursery = nursery  # the reader, the writer and body uploaders run here
@@ -213,8 +217,8 @@ class H2Connection:
         *,
         nursery: trio.Nursery,
         label: str = "",
-        on_change: Callable[[H2Connection], None] = _noop,
-    ) -> H2Connection:
+        on_change: Callable[[H2UpstreamConnection], None] = _noop,
+    ) -> H2UpstreamConnection:
         """Connect and handshake; bounded by the caller's cancel scope. Tasks run in `nursery`."""
         label = label or f"{host}:{port}"
         try:
@@ -246,7 +250,7 @@ class H2Connection:
 
     @classmethod
     @asynccontextmanager
-    async def connect(cls, host: str, port: int, *, label: str = "") -> AsyncIterator[H2Connection]:
+    async def connect(cls, host: str, port: int, *, label: str = "") -> AsyncIterator[H2UpstreamConnection]:
         """Standalone use (load generator, tests): a connection with its own nursery."""
         async with trio.open_nursery() as nursery:
             conn = await cls.open(host, port, nursery=nursery, label=label)
@@ -603,7 +607,7 @@ class H2Connection:
             self._fail("GOAWAY")
         self.on_change(self)
 
-    _DISPATCH: ClassVar[dict[type, Callable[[H2Connection, Any], None]]] = {
+    _DISPATCH: ClassVar[dict[type, Callable[[H2UpstreamConnection, Any], None]]] = {
         h2.events.ResponseReceived: _on_response,
         h2.events.DataReceived: _on_data,
         h2.events.TrailersReceived: _on_trailers,
@@ -628,7 +632,7 @@ class H2Connection:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "goaway" if self.goaway else "open"
-        return f"<H2Connection {self.label} {state} streams={len(self._streams)}/{self.max_streams} requests={self.requests}>"
+        return f"<H2UpstreamConnection {self.label} {state} streams={len(self._streams)}/{self.max_streams} requests={self.requests}>"
 
 
 class H2Response:
@@ -637,7 +641,7 @@ class H2Response:
     __slots__ = ("_s", "closed", "complete", "connection", "failed", "headers", "owner", "started_at", "status")
     http_version = "2"
 
-    def __init__(self, connection: H2Connection, stream: _Stream) -> None:
+    def __init__(self, connection: H2UpstreamConnection, stream: _Stream) -> None:
         self.status: int = stream.status or 0
         self.headers = stream.headers
         self.connection = connection

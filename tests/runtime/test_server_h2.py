@@ -12,7 +12,7 @@ from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 
 from proxy.http.exchange import ServerContext
-from proxy.http.h2server import MAX_STREAM_ID, STREAM_WINDOW, H2Connection, drain_idle_wait_s
+from proxy.http.h2server import MAX_STREAM_ID, STREAM_WINDOW, H2ServerConnection, drain_idle_wait_s
 from proxy.metrics import Metrics
 from proxy.policy.schema import Listen
 from proxy.testing.handlers import Gate, H2Peer, Router, blob, echo, hello, pattern
@@ -31,7 +31,7 @@ LIMITS = Listen(
 async def connection(handler, limits: Listen = LIMITS, metrics: Metrics | None = None, **peer_options):
     client_stream, server_stream = trio.testing.memory_stream_pair()
     ctx = ServerContext(handler, limits, metrics)
-    conn = H2Connection(ctx, server_stream, "192.0.2.9", trio.current_time())
+    conn = H2ServerConnection(ctx, server_stream, "192.0.2.9", trio.current_time())
     done = trio.Event()
 
     async def run() -> None:

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.errors import UpstreamConnectError, UpstreamProtocolError
 from proxy.http.pool import UpstreamPool
-from proxy.http.upstream_h2 import H2Connection
+from proxy.http.upstream_h2 import H2UpstreamConnection
 from proxy.metrics import Metrics
 from proxy.policy.schema import Upstream
 from tests.conftest import free_port
@@ -283,7 +283,7 @@ async def test_bare_connection_for_the_load_generator():
     server = RawH2Server(ok)
     with trio.fail_after(30):
         async with server.running():
-            async with H2Connection.connect("127.0.0.1", server.port) as conn:
+            async with H2UpstreamConnection.connect("127.0.0.1", server.port) as conn:
                 for _ in range(3):
                     async with await conn.send_request(b"GET", b"/", HOST) as resp:
                         assert (resp.status, await resp.read()) == (200, b"ok")
