@@ -23,6 +23,17 @@ h2_send_timeout_s is reset (RST_STREAM CANCEL), which frees its memory and its
 stream slot. h2 errors on a stream the peer reset become `ClientGone`, so h2 never
 leaks past this module.
 
+Frames: the sink serialises its HEADERS (CONTINUATION past the peer's max frame size)
+and DATA frames itself, with the connection's memoising HPACK encoder, instead of
+calling h2's send_headers / send_data, which build a frame object per frame, set
+flags as a set of strings, validate and log per call (~20% of the transport's CPU per
+h2c request). What h2 still has to know is moved exactly as those calls would move it
+(`_advance`): the connection's and the stream's state machines (SEND_HEADERS,
+SEND_DATA, SEND_END_STREAM), and both outbound flow-control windows. A stream h2 no
+longer knows (closed, reset) is ClientGone, as before. tests/contract/test_h2_internals.py
+pins those internals; the h2 conformance of what goes out is checked by h2 itself in
+the tests (an h2 client decodes every response of tests/runtime/test_server_h2.py).
+
 Invariant: `H2ServerConnection.stream_done()` is called exactly once per started stream,
 also on cancellation; held bytes leave the connection's count exactly once.
 """
