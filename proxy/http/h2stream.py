@@ -40,7 +40,6 @@ also on cancellation; held bytes leave the connection's count exactly once.
 
 from __future__ import annotations
 
-import struct
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -52,6 +51,7 @@ from h2.stream import StreamInputs
 
 from proxy.core import wire
 from proxy.errors import ClientGone
+from proxy.http import h2frames
 from proxy.http.exchange import CLIENT_CLOSED, BufferedBody, answer, run_exchange
 from proxy.http.h2rules import Malformed, RequestHead
 from proxy.http.messages import HOP_BY_HOP, Handler, Headers, Request, header_value
@@ -65,11 +65,6 @@ _TIMEOUT = wire.REQUEST_TIMEOUT_MS.encode()
 _GRPC_TIMEOUT = wire.GRPC_TIMEOUT.encode()
 _GRPC_STATUS = b"grpc-status"
 
-# Frames we serialise ourselves (module doc, "Frames"): RFC 9113 4.1's 9-byte header, the 24-bit
-# length as its high 16 and low 8 bits.
-_FRAME_HEAD = struct.Struct(">HBBBL")
-_DATA, _HEADERS, _CONTINUATION = 0x0, 0x1, 0x9
-_END_STREAM, _END_HEADERS = 0x1, 0x4
 _CONN_SEND_HEADERS, _CONN_SEND_DATA = ConnectionInputs.SEND_HEADERS, ConnectionInputs.SEND_DATA
 _SEND_HEADERS, _SEND_DATA, _SEND_END = StreamInputs.SEND_HEADERS, StreamInputs.SEND_DATA, StreamInputs.SEND_END_STREAM
 
@@ -341,20 +336,7 @@ class H2Sink:
         self._advance(state, _CONN_SEND_HEADERS, _SEND_HEADERS, end_stream)
         h2c, sid = self._conn.h2, self._stream.sid
         block = h2c.encoder.encode(fields)
-        size, max_frame = len(block), h2c.max_outbound_frame_size
-        flags = _END_STREAM if end_stream else 0
-        if size <= max_frame:
-            self._conn.send_frames(
-                _FRAME_HEAD.pack(size >> 8, size & 0xFF, _HEADERS, flags | _END_HEADERS, sid) + block
-            )
-            return
-        parts: list[bytes] = []
-        for offset in range(0, size, max_frame):
-            piece = block[offset : offset + max_frame]
-            kind = _HEADERS if offset == 0 else _CONTINUATION
-            bits = (flags if offset == 0 else 0) | (_END_HEADERS if offset + max_frame >= size else 0)
-            parts += (_FRAME_HEAD.pack(len(piece) >> 8, len(piece) & 0xFF, kind, bits, sid), piece)
-        self._conn.send_frames(b"".join(parts))
+        self._conn.send_frames(h2frames.header_block(sid, block, end_stream, h2c.max_outbound_frame_size))
 
     def _push(self, data: bytes, end_stream: bool) -> None:
         """Send what can go now; hold the rest (after anything already held, to keep the order)."""
@@ -386,22 +368,10 @@ class H2Sink:
             return view
         end = end_stream and size == total
         self._advance(state, _CONN_SEND_DATA, _SEND_DATA, end)
-        sid, max_frame = self._stream.sid, h2c.max_outbound_frame_size
-        parts: list[bytes | memoryview] = []
-        offset = 0
-        while True:
-            n = min(max_frame, size - offset)
-            last = offset + n == size
-            parts += (
-                _FRAME_HEAD.pack(n >> 8, n & 0xFF, _DATA, _END_STREAM if end and last else 0, sid),
-                view[offset : offset + n],
-            )
-            offset += n
-            if last:
-                break
+        parts, frames = h2frames.data(self._stream.sid, view[:size], end, h2c.max_outbound_frame_size)
         state.outbound_flow_control_window -= size
         h2c.outbound_flow_control_window -= size
-        conn.budget.data_sent(len(parts) // 2)  # the client's WINDOW_UPDATEs for these are earned
+        conn.budget.data_sent(frames)  # the client's WINDOW_UPDATEs for these are earned
         conn.send_frames(b"".join(parts))
         return None if size == total else view[size:]
 

@@ -25,10 +25,10 @@ sidecar's own x-rampmeter-queue-ms, a jittered retry-after-ms) would defeat that
 is new, and hpack indexes each new value, evicting the stable entries. So the encoder learns
 which names carry changing values (`VOLATILE_AFTER` changes seen on memo misses; at most
 MAX_VOLATILE names) and from then on codes their fields as literals without indexing (RFC
-7541 6.2.2, raw strings), after the other fields, which go through the memo as before. A
-literal without indexing leaves the table as it is, so the memo's exactness holds; the
-block's field order changes only between different names (pseudo-headers are never moved),
-which HTTP leaves free (RFC 9110 5.3).
+7541 6.2.2, raw strings) where they stand; the runs of other fields between them go through
+the memo as before (a block is a sequence of independent field instructions, so the runs'
+codes concatenate). A literal without indexing leaves the table as it is, so the memo's
+exactness holds, and the fields keep their order (gRPC metadata order is visible to clients).
 
 `install(conn)` swaps these into an `h2.connection.H2Connection` before it has
 coded any headers (h2 creates its coder in `__init__` and only ever reads the
@@ -53,7 +53,7 @@ MAX_VOLATILE = 16  # names an encoder treats so (the values it watches: at most 
 MAX_WATCHED = 64
 
 # RFC 7541 appendix A: a name's first static-table index, for "literal without indexing, indexed name".
-_STATIC_NAME = {}
+_STATIC_NAME: dict[bytes, int] = {}
 for _index, (_name, _) in enumerate(HeaderTable.STATIC_TABLE, start=1):
     _STATIC_NAME.setdefault(_name, _index)
 
@@ -104,11 +104,20 @@ class MemoEncoder(hpack.Encoder):
         if any(type(h) is not tuple for h in items):  # HeaderTuple kinds compare equal to plain tuples
             return super().encode(items, huffman)
         volatile = self.volatile
-        if volatile:
-            stable = tuple(h for h in items if h[0] not in volatile)
-            if len(stable) != len(items):
-                tail = b"".join([_literal(k, v) for k, v in items if k in volatile])
-                return self._memo_encode(stable, huffman) + tail
+        if volatile and any(k in volatile for k, _ in items):
+            # In order: runs of the other fields through the memo, each volatile field a literal.
+            out, run = [], []
+            for field in items:
+                if field[0] in volatile:
+                    if run:
+                        out.append(self._memo_encode(tuple(run), huffman))
+                        run = []
+                    out.append(_literal(*field))
+                else:
+                    run.append(field)
+            if run:
+                out.append(self._memo_encode(tuple(run), huffman))
+            return b"".join(out)
         return self._memo_encode(items, huffman)
 
     def _watch(self, items: tuple) -> None:

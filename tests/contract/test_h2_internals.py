@@ -11,7 +11,10 @@ proxy/http subclasses or reaches into these (not their documented API):
   send_headers / send_data would: `conn.state_machine.process_input(ConnectionInputs.SEND_HEADERS /
   SEND_DATA)`, `conn.streams[sid].state_machine.process_input(StreamInputs.SEND_HEADERS / SEND_DATA /
   SEND_END_STREAM)`, both objects' `outbound_flow_control_window`, `conn.encoder`; h2server.py reads
-  `conn._data_to_send` (h2's pending output) to keep it ahead of those frames;
+  `conn._data_to_send` (h2's pending output) to keep it ahead of those frames; upstream_h2.py
+  does the same for requests, opening the stream with `conn._begin_new_stream(sid,
+  AllowedStreamIDs.ODD)`, setting its `request_method` / `_authority`, and appending the
+  frames to `conn._data_to_send`;
 - hpack_memo.py: `VersionedHeaderTable` subclasses `hpack.table.HeaderTable` (its `_maxsize`,
   the `maxsize` property's setter, `dynamic_entries`, `resized`, `add`), and `install` swaps the
   connection's `encoder` / `decoder` (their `header_table`, `max_header_list_size`,
@@ -103,3 +106,14 @@ def test_h2_send_state_internals():
     state.state_machine.process_input(StreamInputs.SEND_DATA)
     state.state_machine.process_input(StreamInputs.SEND_END_STREAM)
     assert state.closed and state.state_machine.headers_sent
+
+
+def test_h2_client_stream_opening_internals():
+    from h2.connection import AllowedStreamIDs
+
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    state = client._begin_new_stream(1, AllowedStreamIDs.ODD)
+    assert client.streams[1] is state and client.highest_outbound_stream_id == 1
+    assert state.request_method is None and state._authority is None
+    assert isinstance(client.remote_settings.max_concurrent_streams, int)
