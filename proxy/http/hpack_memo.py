@@ -106,7 +106,8 @@ class MemoEncoder(hpack.Encoder):
         volatile = self.volatile
         if volatile and any(k in volatile for k, _ in items):
             # In order: runs of the other fields through the memo, each volatile field a literal.
-            out, run = [], []
+            out: list[bytes] = []
+            run: list[tuple[bytes, bytes]] = []
             for field in items:
                 if field[0] in volatile:
                     if run:
