@@ -204,12 +204,18 @@ class _Inbound(FrameBuffer):
 
 
 class _H2State(h2.connection.H2Connection):
+    owned: dict[int, H2Stream]  # the connection's streams (H2ServerConnection.streams)
+
     @property
     def open_inbound_streams(self) -> int:
         # h2's check is `open + 1 > SETTINGS_MAX_CONCURRENT_STREAMS`; reporting fewer lets it
-        # decode the HEADERS of a stream we then refuse (see module doc). The property also
-        # prunes closed streams, so call it.
-        return super().open_inbound_streams - _REFUSAL_SLACK
+        # decode the HEADERS of a stream we then refuse (see module doc). h2 counts by scanning
+        # every stream it holds, on every new stream, pruning the closed ones; we count ours
+        # (O(1): `_open` enforces the limit) and let h2 scan, to prune, only once the streams it
+        # holds outnumber ours (amortised O(1), as upstream_h2._ClientState does).
+        if len(self.streams) > 2 * len(self.owned) + 32:
+            return super().open_inbound_streams - _REFUSAL_SLACK
+        return len(self.owned) - _REFUSAL_SLACK
 
 
 class _Worker:
@@ -301,6 +307,7 @@ class H2ServerConnection:
         self.holding: dict[int, H2Sink] = {}  # the streams holding some, oldest first
         self.writes = 0  # batches handed to the kernel: progress, for senders waiting on the client
         self.streams: dict[int, H2Stream] = {}
+        self.h2.owned = self.streams
         self._opened: list[H2Stream] = []  # accepted in the read being handled, not yet started
         self._idle_workers: list[_Worker] = []  # stream tasks waiting for their next stream
         self.requests = 0

@@ -295,3 +295,17 @@ async def test_head_response_has_length_but_no_body(autojump_clock):
         await peer.until(lambda: peer.streams[sid].ended)
         assert peer.streams[sid].header(b"content-length") == b"6"
         assert peer.streams[sid].body == b""
+
+
+async def test_many_requests_on_one_connection_keep_h2s_stream_map_bounded(autojump_clock):
+    """h2 prunes its closed streams only when asked to count them; we count ours (h2server._H2State),
+    so the pruning must still happen: 500 requests in sequence leave a bounded map, and stream
+    workers are reused (no task per request)."""
+    async with connection(echo) as (peer, _, conn, _):
+        for i in range(500):
+            sid = await peer.request(b"/", method=b"POST", body=b"%d" % i)
+            await peer.until(lambda sid=sid: peer.streams[sid].ended)
+            assert peer.streams[sid].body == b"%d" % i
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(conn.h2.streams) <= 2 * len(conn.streams) + 33
+        assert len(conn._idle_workers) == 1  # one worker served them all, one after the other
