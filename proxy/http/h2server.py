@@ -93,6 +93,7 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.exceptions
+import hyperframe.frame
 import trio
 from h2.errors import ErrorCodes
 from h2.frame_buffer import FrameBuffer
@@ -196,15 +197,53 @@ class _Inbound(FrameBuffer):
             if kind == _SETTINGS and length > 6 * MAX_SETTINGS_PER_FRAME:
                 raise _Flood("control_frames", f"a SETTINGS frame with over {MAX_SETTINGS_PER_FRAME} settings")
             self._control("control frames")
-        return super().__next__()
+        frame = super().__next__()
+        quiet = _QUIET.get(frame.__class__)
+        if quiet is not None:
+            frame.__class__ = quiet  # (hyperframe frames have no __slots__: same layout)
+        return frame
 
     def _control(self, what: str) -> None:
         if not self.budget.control(self.now):
             raise _Flood("control_frames", f"{what} past the control frame budget")
 
 
+def _quiet(cls: type) -> type:
+    return type(cls.__name__, (cls,), {"__repr__": _class_name})
+
+
+def _class_name(frame: object) -> str:
+    return type(frame).__name__
+
+
+# h2 logs every received frame at trace level with `repr(frame)` evaluated first, whether or not
+# anything logs: hyperframe's repr (flags, body) was ~4% of an h2c request's CPU. The frames
+# `_Inbound` hands h2 are of these subclasses (a class name for a repr); `_H2State` dispatches
+# them as their bases.
+_QUIET: dict[type, type] = {
+    cls: _quiet(cls)
+    for cls in (
+        hyperframe.frame.HeadersFrame,
+        hyperframe.frame.DataFrame,
+        hyperframe.frame.WindowUpdateFrame,
+        hyperframe.frame.SettingsFrame,
+        hyperframe.frame.PingFrame,
+        hyperframe.frame.RstStreamFrame,
+        hyperframe.frame.PriorityFrame,
+        hyperframe.frame.GoAwayFrame,
+        hyperframe.frame.ContinuationFrame,
+    )
+}
+
+
 class _H2State(h2.connection.H2Connection):
     owned: dict[int, H2Stream]  # the connection's streams (H2ServerConnection.streams)
+
+    def __init__(self, config: h2.config.H2Configuration) -> None:
+        super().__init__(config)
+        table = self._frame_dispatch_table
+        for base, quiet in _QUIET.items():
+            table[quiet] = table[base]
 
     @property
     def open_inbound_streams(self) -> int:

@@ -15,6 +15,8 @@ proxy/http subclasses or reaches into these (not their documented API):
   does the same for requests, opening the stream with `conn._begin_new_stream(sid,
   AllowedStreamIDs.ODD)`, setting its `request_method` / `_authority`, and appending the
   frames to `conn._data_to_send`;
+- h2server.py: `_Inbound` swaps each parsed frame's class for a subclass with a cheap repr (hyperframe
+  frames have no `__slots__`) and `_H2State` adds those to h2's `_frame_dispatch_table`;
 - hpack_memo.py: `VersionedHeaderTable` subclasses `hpack.table.HeaderTable` (its `_maxsize`,
   the `maxsize` property's setter, `dynamic_entries`, `resized`, `add`), and `install` swaps the
   connection's `encoder` / `decoder` (their `header_table`, `max_header_list_size`,
@@ -117,3 +119,20 @@ def test_h2_client_stream_opening_internals():
     assert client.streams[1] is state and client.highest_outbound_stream_id == 1
     assert state.request_method is None and state._authority is None
     assert isinstance(client.remote_settings.max_concurrent_streams, int)
+
+
+def test_h2_frame_dispatch_internals():
+    """h2server hands h2 frames of quiet-repr subclasses and adds them to h2's dispatch table."""
+    from hyperframe.frame import HeadersFrame
+
+    from proxy.http import h2server
+
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    assert isinstance(conn._frame_dispatch_table, dict) and HeadersFrame in conn._frame_dispatch_table
+    assert not hasattr(HeadersFrame, "__slots__") or "__dict__" in dir(HeadersFrame(1))
+    state = h2server._H2State(h2.config.H2Configuration(client_side=False))
+    quiet = h2server._QUIET[HeadersFrame]
+    assert state._frame_dispatch_table[quiet] == state._frame_dispatch_table[HeadersFrame]
+    frame = HeadersFrame(1)
+    frame.__class__ = quiet
+    assert isinstance(frame, HeadersFrame) and repr(frame) == "HeadersFrame"
