@@ -95,6 +95,7 @@ import h2.events
 import h2.exceptions
 import hyperframe.frame
 import trio
+from h2.connection import AllowedStreamIDs, ConnectionInputs
 from h2.errors import ErrorCodes
 from h2.frame_buffer import FrameBuffer
 from h2.settings import SettingCodes, Settings
@@ -122,7 +123,7 @@ _REFUSAL_SLACK = RECEIVE_SIZE // 9 + 1  # HEADERS frames h2 may have open that w
 
 # Frame types (RFC 9113 6) and the flags the budget looks at.
 _DATA, _HEADERS, _SETTINGS, _CONTINUATION = 0x0, 0x1, 0x4, 0x9
-_END_STREAM, _END_HEADERS, _PADDED = 0x1, 0x4, 0x8
+_END_STREAM, _END_HEADERS, _PADDED, _PRIORITY = 0x1, 0x4, 0x8, 0x20
 
 _CONFIG = h2.config.H2Configuration(
     client_side=False,
@@ -186,6 +187,12 @@ class _Inbound(FrameBuffer):
             self.block_bytes = 0 if flags & _END_HEADERS else length
             if length == 0 and not flags & _END_STREAM:
                 self._control("an empty HEADERS frame")
+            sid = int.from_bytes(data[5:9], "big") & MAX_STREAM_ID
+            if flags & _END_HEADERS and not flags & (_PADDED | _PRIORITY) and sid and not self._headers_buffer:
+                # A whole header block in one frame (every request head we see): no hyperframe object.
+                block = bytes(data[9 : 9 + length])
+                del data[: 9 + length]
+                return _WholeHeaders(sid, block, bool(flags & _END_STREAM))
         elif kind == _CONTINUATION:
             self.block_bytes += length
             if self.block_bytes > self.max_block_bytes:
@@ -236,6 +243,23 @@ _QUIET: dict[type, type] = {
 }
 
 
+class _WholeHeaders:
+    """A HEADERS frame carrying a whole header block, without padding or priority, as `_Inbound`
+    cuts it from the buffer: what h2's hyperframe parse would have made of it, minus the objects."""
+
+    __slots__ = ("data", "end_stream", "stream_id")
+
+    def __init__(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+        self.stream_id, self.data, self.end_stream = stream_id, data, end_stream
+
+    def __repr__(self) -> str:
+        return "HeadersFrame"
+
+    def as_frame(self) -> hyperframe.frame.HeadersFrame:
+        flags = ("END_HEADERS", "END_STREAM") if self.end_stream else ("END_HEADERS",)
+        return hyperframe.frame.HeadersFrame(self.stream_id, self.data, flags=flags)
+
+
 class _H2State(h2.connection.H2Connection):
     owned: dict[int, H2Stream]  # the connection's streams (H2ServerConnection.streams)
 
@@ -244,6 +268,22 @@ class _H2State(h2.connection.H2Connection):
         table = self._frame_dispatch_table
         for base, quiet in _QUIET.items():
             table[quiet] = table[base]
+        table[_WholeHeaders] = self._receive_whole_headers  # type: ignore[index]  # dispatched by class, as h2 does
+
+    def _receive_whole_headers(self, frame: _WholeHeaders) -> tuple[list, list]:
+        """h2's `_receive_headers_frame` for a new stream's head (the same steps, in order); anything
+        else (trailers, a HEADERS on a known or closed stream) goes to h2's own as a real frame."""
+        sid = frame.stream_id
+        if sid in self.streams or sid <= self.highest_inbound_stream_id:
+            return self._receive_headers_frame(frame.as_frame())
+        limit = self.local_settings.max_concurrent_streams
+        if self.open_inbound_streams + 1 > limit:
+            raise h2.exceptions.TooManyStreamsError(f"Max inbound streams is {limit}")
+        headers = h2.connection._decode_headers(self.decoder, frame.data)
+        events = self.state_machine.process_input(ConnectionInputs.RECV_HEADERS)
+        stream = self._begin_new_stream(sid, AllowedStreamIDs.ODD)
+        frames, stream_events = stream.receive_headers(headers, frame.end_stream, self.config.header_encoding)
+        return frames, events + stream_events
 
     @property
     def open_inbound_streams(self) -> int:

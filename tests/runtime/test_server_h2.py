@@ -309,3 +309,23 @@ async def test_many_requests_on_one_connection_keep_h2s_stream_map_bounded(autoj
         await trio.testing.wait_all_tasks_blocked()
         assert len(conn.h2.streams) <= 2 * len(conn.streams) + 33
         assert len(conn._idle_workers) == 1  # one worker served them all, one after the other
+
+
+async def test_request_trailers_and_a_second_head_take_h2s_own_path(autojump_clock):
+    """`_Inbound` cuts a new stream's whole HEADERS frame itself (h2server._WholeHeaders); trailers
+    (HEADERS on an open stream) go through h2's own HEADERS handling and reach the handler."""
+
+    async def trailers_echo(request, sink) -> None:
+        body = await request.body.read_all()
+        await sink.respond(200, [(b"x-trailers", repr(request.trailers).encode())], body)
+
+    async with connection(trailers_echo) as (peer, _, _, _):
+        sid = await peer.request(b"/t", method=b"POST", body=b"abc", end=False)
+        peer.conn.send_headers(sid, [(b"x-checksum", b"42")], end_stream=True)
+        await peer.flush()
+        await peer.until(lambda: peer.streams[sid].ended)
+        assert (peer.streams[sid].status, peer.streams[sid].body) == (200, b"abc")
+        assert peer.streams[sid].header(b"x-trailers") == repr([(b"x-checksum", b"42")]).encode()
+        again = await peer.request(b"/t", method=b"POST", body=b"d")  # the next stream's head: the fast path
+        await peer.until(lambda: peer.streams[again].ended)
+        assert peer.streams[again].body == b"d"
