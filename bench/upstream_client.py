@@ -6,7 +6,7 @@ Usage (nginx answering `return 200 "ok"` on 127.0.0.1, h2c with `listen ... http
     ... --profile  (cProfile, top 25 by own time)
 
 Modes: `pool` drives UpstreamPool.request (what the sidecar does); `conn` drives
-H1Connection/H2Connection directly (what the load generator does), one h1
+H1Connection/H2UpstreamConnection directly (what the load generator does), one h1
 connection per task or one shared h2 connection.
 """
 
@@ -21,7 +21,7 @@ import trio
 
 from proxy.http.pool import UpstreamPool, parse_url
 from proxy.http.upstream_h1 import H1Connection
-from proxy.http.upstream_h2 import H2Connection
+from proxy.http.upstream_h2 import H2UpstreamConnection
 from proxy.policy.schema import Upstream
 
 HEADERS = [
@@ -60,7 +60,7 @@ async def run(args: argparse.Namespace) -> None:
                     workers.start_soon(timed, send)
             nursery.cancel_scope.cancel()
         elif args.protocol == "h2c":
-            conn = await H2Connection.open(host, port, nursery=nursery)
+            conn = await H2UpstreamConnection.open(host, port, nursery=nursery)
 
             async def send() -> None:
                 resp = await conn.send_request(b"GET", b"/", HEADERS)

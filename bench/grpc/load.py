@@ -140,7 +140,7 @@ def outcome(target: str) -> list:
             trailers = [
                 (m.key, m.value)
                 for m in state.trailing_metadata() or ()
-                if m.key != "via" and not m.key.startswith("x-rampmeter-")
+                if m.key not in ("via", "x-request-id") and not m.key.startswith("x-rampmeter-")  # the sidecar's own
             ]
             seen.append((name, messages, state.code().name, state.details(), trailers))
     return seen

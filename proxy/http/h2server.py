@@ -7,15 +7,21 @@ Theory of operation: three kinds of task per connection.
   RST_STREAM cancels that stream's handler, WINDOW_UPDATE wakes blocked senders.
   So one slow request body cannot stall the other streams (hypercorn's reader
   awaits each stream's consumer; ours never does).
-- One task per stream runs its exchange (`h2stream.H2Stream.run`), then hands
-  over whatever of its response is still held for the client's window.
+- Streams run on worker tasks (`_Worker`), one stream at a time each: a worker
+  runs a stream's exchange (`h2stream.H2Stream.run`) inside its own cancel scope,
+  hands over whatever of the response is still held for the client's window, then
+  waits for the reader to give it the next stream. So a request costs neither a task
+  spawn nor a cancel scope of its own (measured: ~10% of an h2c request's CPU); a
+  stream's RST_STREAM cancels its worker's scope, and that worker goes on in a new one.
 - The writer is the only task that sends: whoever changed h2's state calls
   `kick()`, which moves h2's pending output into the writer's queue; the writer
   sends everything queued meanwhile in one write (coalescing the answers of many
   streams and every control frame of a read into one system call; measured: one
   write per answer straight from `kick()` cost 14% more CPU per request than this
-  task switch) and `flush()` waits for that. The write itself skips trio's
-  post-send yield (sockio).
+  task switch) and `flush()` waits for that: one socket write per batch of ready
+  frames, whichever streams made them. The write itself skips trio's post-send
+  yield, and its send timeout costs a cancel scope only when the kernel does not
+  take the batch at once (sockio's stall bound).
 
 Timeouts apply to the reader: header_timeout_s from accept until the first
 request head, then idle_timeout_s whenever no stream is open; either ends the
@@ -48,6 +54,12 @@ Bounds: one client, whatever it sends, gets a bounded share of CPU and memory
   h2_send_buffer_bytes per connection (h2stream).
 
 Where we step around h2, and why:
+- Response frames are ours (h2stream, "Frames"): HEADERS, CONTINUATION and DATA are
+  serialised there and h2's state machines and windows are moved as its
+  send_headers / send_data would move them; h2's frame objects, per-frame
+  serialisation and debug-log calls were ~20% of the transport's CPU per request.
+  `send_frames` keeps h2's own pending output (SETTINGS ACKs, WINDOW_UPDATEs,
+  RST_STREAM) ahead of them, so bytes still leave in the order they were made.
 - Header validation is ours (h2rules): h2's own, on, costs a tenth of the front
   end's CPU and treats a malformed request as a connection error; RFC 9113 8.1.1
   makes it a stream error, answered 400 here.
@@ -81,7 +93,9 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.exceptions
+import hyperframe.frame
 import trio
+from h2.connection import AllowedStreamIDs, ConnectionInputs
 from h2.errors import ErrorCodes
 from h2.frame_buffer import FrameBuffer
 from h2.settings import SettingCodes, Settings
@@ -95,6 +109,7 @@ from proxy.http.h2stream import H2Sink, H2Stream, build_request
 
 RECEIVE_SIZE = 65_536
 STREAM_WINDOW = 262_144  # per-stream receive window: the most one stream's body buffer holds
+IDLE_WORKERS = 16  # stream tasks a connection keeps waiting for its next streams (_Worker)
 FRAMES_PER_TURN = 64  # frames handled before the reader lets the other tasks run (when more are buffered)
 OUT_HIGH = 262_144  # bytes queued for the socket past which the reader stops reading
 CLOSE_GRACE_S = 1.0  # time to flush a final GOAWAY before closing
@@ -108,7 +123,7 @@ _REFUSAL_SLACK = RECEIVE_SIZE // 9 + 1  # HEADERS frames h2 may have open that w
 
 # Frame types (RFC 9113 6) and the flags the budget looks at.
 _DATA, _HEADERS, _SETTINGS, _CONTINUATION = 0x0, 0x1, 0x4, 0x9
-_END_STREAM, _END_HEADERS, _PADDED = 0x1, 0x4, 0x8
+_END_STREAM, _END_HEADERS, _PADDED, _PRIORITY = 0x1, 0x4, 0x8, 0x20
 
 _CONFIG = h2.config.H2Configuration(
     client_side=False,
@@ -172,6 +187,12 @@ class _Inbound(FrameBuffer):
             self.block_bytes = 0 if flags & _END_HEADERS else length
             if length == 0 and not flags & _END_STREAM:
                 self._control("an empty HEADERS frame")
+            sid = int.from_bytes(data[5:9], "big") & MAX_STREAM_ID
+            if flags & _END_HEADERS and not flags & (_PADDED | _PRIORITY) and sid and not self._headers_buffer:
+                # A whole header block in one frame (every request head we see): no hyperframe object.
+                block = bytes(data[9 : 9 + length])
+                del data[: 9 + length]
+                return _WholeHeaders(sid, block, bool(flags & _END_STREAM))
         elif kind == _CONTINUATION:
             self.block_bytes += length
             if self.block_bytes > self.max_block_bytes:
@@ -183,20 +204,141 @@ class _Inbound(FrameBuffer):
             if kind == _SETTINGS and length > 6 * MAX_SETTINGS_PER_FRAME:
                 raise _Flood("control_frames", f"a SETTINGS frame with over {MAX_SETTINGS_PER_FRAME} settings")
             self._control("control frames")
-        return super().__next__()
+        frame = super().__next__()
+        quiet = _QUIET.get(frame.__class__)
+        if quiet is not None:
+            frame.__class__ = quiet  # (hyperframe frames have no __slots__: same layout)
+        return frame
 
     def _control(self, what: str) -> None:
         if not self.budget.control(self.now):
             raise _Flood("control_frames", f"{what} past the control frame budget")
 
 
+def _quiet(cls: type) -> type:
+    return type(cls.__name__, (cls,), {"__repr__": _class_name})
+
+
+def _class_name(frame: object) -> str:
+    return type(frame).__name__
+
+
+# h2 logs every received frame at trace level with `repr(frame)` evaluated first, whether or not
+# anything logs: hyperframe's repr (flags, body) was ~4% of an h2c request's CPU. The frames
+# `_Inbound` hands h2 are of these subclasses (a class name for a repr); `_H2State` dispatches
+# them as their bases.
+_QUIET: dict[type, type] = {
+    cls: _quiet(cls)
+    for cls in (
+        hyperframe.frame.HeadersFrame,
+        hyperframe.frame.DataFrame,
+        hyperframe.frame.WindowUpdateFrame,
+        hyperframe.frame.SettingsFrame,
+        hyperframe.frame.PingFrame,
+        hyperframe.frame.RstStreamFrame,
+        hyperframe.frame.PriorityFrame,
+        hyperframe.frame.GoAwayFrame,
+        hyperframe.frame.ContinuationFrame,
+    )
+}
+
+
+class _WholeHeaders:
+    """A HEADERS frame carrying a whole header block, without padding or priority, as `_Inbound`
+    cuts it from the buffer: what h2's hyperframe parse would have made of it, minus the objects."""
+
+    __slots__ = ("data", "end_stream", "stream_id")
+
+    def __init__(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+        self.stream_id, self.data, self.end_stream = stream_id, data, end_stream
+
+    def __repr__(self) -> str:
+        return "HeadersFrame"
+
+    def as_frame(self) -> hyperframe.frame.HeadersFrame:
+        flags = ("END_HEADERS", "END_STREAM") if self.end_stream else ("END_HEADERS",)
+        return hyperframe.frame.HeadersFrame(self.stream_id, self.data, flags=flags)
+
+
 class _H2State(h2.connection.H2Connection):
+    owned: dict[int, H2Stream]  # the connection's streams (H2ServerConnection.streams)
+
+    def __init__(self, config: h2.config.H2Configuration) -> None:
+        super().__init__(config)
+        table = self._frame_dispatch_table
+        for base, quiet in _QUIET.items():
+            table[quiet] = table[base]
+        table[_WholeHeaders] = self._receive_whole_headers  # type: ignore[index]  # dispatched by class, as h2 does
+
+    def _receive_whole_headers(self, frame: _WholeHeaders) -> tuple[list, list]:
+        """h2's `_receive_headers_frame` for a new stream's head (the same steps, in order); anything
+        else (trailers, a HEADERS on a known or closed stream) goes to h2's own as a real frame."""
+        sid = frame.stream_id
+        if sid in self.streams or sid <= self.highest_inbound_stream_id:
+            return self._receive_headers_frame(frame.as_frame())
+        limit = self.local_settings.max_concurrent_streams
+        if self.open_inbound_streams + 1 > limit:
+            raise h2.exceptions.TooManyStreamsError(f"Max inbound streams is {limit}")
+        headers = h2.connection._decode_headers(self.decoder, frame.data)
+        events = self.state_machine.process_input(ConnectionInputs.RECV_HEADERS)
+        stream = self._begin_new_stream(sid, AllowedStreamIDs.ODD)
+        frames, stream_events = stream.receive_headers(headers, frame.end_stream, self.config.header_encoding)
+        return frames, events + stream_events
+
     @property
     def open_inbound_streams(self) -> int:
         # h2's check is `open + 1 > SETTINGS_MAX_CONCURRENT_STREAMS`; reporting fewer lets it
-        # decode the HEADERS of a stream we then refuse (see module doc). The property also
-        # prunes closed streams, so call it.
-        return super().open_inbound_streams - _REFUSAL_SLACK
+        # decode the HEADERS of a stream we then refuse (see module doc). h2 counts by scanning
+        # every stream it holds, on every new stream, pruning the closed ones; we count ours
+        # (O(1): `_open` enforces the limit) and let h2 scan, to prune, only once the streams it
+        # holds outnumber ours (amortised O(1), as upstream_h2._ClientState does).
+        if len(self.streams) > 2 * len(self.owned) + 32:
+            return super().open_inbound_streams - _REFUSAL_SLACK
+        return len(self.owned) - _REFUSAL_SLACK
+
+
+class _Worker:
+    """A task that runs streams one after another, each inside the worker's cancel scope.
+
+    Why not a task and a scope per stream: trio's spawn (a Task, a context copy) and a
+    CancelScope entered and left per request cost ~10% of an h2c request's CPU. A stream's
+    `cancel()` (RST_STREAM, the connection's body bound) cancels the worker's scope while the
+    worker runs that stream only (`H2Stream.run` drops the reference when it ends); the
+    Cancelled ends that stream and the worker carries on in a fresh scope. Idle workers wait
+    for the reader's `take()`, at most IDLE_WORKERS of them per connection (the rest end), and
+    all end with the connection's nursery.
+    """
+
+    __slots__ = ("_conn", "_lot", "_next")
+
+    def __init__(self, conn: H2ServerConnection, stream: H2Stream) -> None:
+        self._conn = conn
+        self._next: H2Stream | None = stream
+        self._lot = trio.lowlevel.ParkingLot()
+
+    def take(self, stream: H2Stream) -> None:
+        """The reader hands this idle worker its next stream."""
+        self._next = stream
+        self._lot.unpark()
+
+    async def run(self) -> None:
+        idle = self._conn._idle_workers
+        while True:
+            with trio.CancelScope() as scope:
+                while True:
+                    stream = self._next
+                    if stream is None:
+                        if len(idle) >= IDLE_WORKERS:
+                            return
+                        idle.append(self)
+                        try:
+                            await self._lot.park()
+                        finally:
+                            if self._next is None and self in idle:
+                                idle.remove(self)  # cancelled while idle (a stale cancel, or the connection ends)
+                        continue
+                    self._next = None
+                    await stream.run(scope)
 
 
 def drain_idle_wait_s(limits) -> float:
@@ -214,7 +356,7 @@ def flood_limits(limits) -> FloodLimits:
     )
 
 
-class H2Connection:
+class H2ServerConnection:
     protocol = "h2"
 
     def __init__(self, ctx: ServerContext, stream: trio.SocketStream, client: str, accepted_at: float) -> None:
@@ -244,7 +386,9 @@ class H2Connection:
         self.holding: dict[int, H2Sink] = {}  # the streams holding some, oldest first
         self.writes = 0  # batches handed to the kernel: progress, for senders waiting on the client
         self.streams: dict[int, H2Stream] = {}
+        self.h2.owned = self.streams
         self._opened: list[H2Stream] = []  # accepted in the read being handled, not yet started
+        self._idle_workers: list[_Worker] = []  # stream tasks waiting for their next stream
         self.requests = 0
         self._stream = stream
         self._io = sockio.wrap(stream)
@@ -269,7 +413,7 @@ class H2Connection:
     def __repr__(self) -> str:
         draining = "" if self._goaway_last is None else f" goaway<={self._goaway_last}"
         state = f"streams={len(self.streams)} requests={self.requests}{draining}"
-        return f"<H2Connection {self._client} {state}>"
+        return f"<H2ServerConnection {self._client} {state}>"
 
     @property
     def client(self) -> str:
@@ -449,8 +593,7 @@ class H2Connection:
         self.ctx.protocol_error("h2_connection_body_bytes", "request bodies at the connection's bound; REFUSED_STREAM")
         stream = self.streams.get(sid)
         if stream is not None:
-            stream.request.client_gone = True
-            stream.scope.cancel()
+            stream.cancel()
         self._refuse(sid)
 
     def _start_opened(self) -> None:
@@ -458,11 +601,14 @@ class H2Connection:
         read (a rapid reset, however the turns split it) never starts a handler, so never an upstream."""
         assert self._nursery is not None
         opened, self._opened = self._opened, []
+        idle = self._idle_workers
         for stream in opened:
             if stream.request.client_gone:
                 stream.skip()
+            elif idle:
+                idle.pop().take(stream)
             else:
-                self._nursery.start_soon(stream.run)
+                self._nursery.start_soon(_Worker(self, stream).run)
 
     def _refuse(self, sid: int) -> None:
         try:
@@ -590,6 +736,12 @@ class H2Connection:
         if data:
             self._queue(data)
 
+    def send_frames(self, data: bytes) -> None:
+        """Queue frames serialised outside h2 (h2stream), after whatever h2 has pending (HPACK order)."""
+        if self.h2._data_to_send:
+            self._queue(self.h2.data_to_send())
+        self._queue(data)
+
     def _queue(self, data: bytes) -> None:
         self._out.append(data)
         self._out_bytes += len(data)
@@ -618,15 +770,21 @@ class H2Connection:
                 continue
             chunks, seq = self._out, self._queued_seq
             self._out, self._out_bytes = [], 0
+            stalled = False
             try:
-                # One batch may take up to h2_send_timeout_s to reach the kernel: a client
-                # that reads nothing for that long is gone as far as we are concerned.
-                with trio.move_on_after(self.send_timeout_s) as stalled:
-                    await self._io.send_all(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+                # A client that takes nothing of a batch for h2_send_timeout_s is gone as far as we
+                # are concerned. sockio pays for that timeout (a cancel scope) only when the kernel
+                # does not take the batch at once: a write that completes costs no scope.
+                await self._io.send_all(
+                    chunks[0] if len(chunks) == 1 else b"".join(chunks), stall_s=self.send_timeout_s
+                )
+                broken = False
+            except trio.TooSlowError:
+                broken = stalled = True
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                stalled = None
-            if stalled is None or stalled.cancelled_caught:
-                if stalled is not None:
+                broken = True
+            if broken:
+                if stalled:
                     self.timed_out("send", f"nothing written for {self.send_timeout_s:g}s; closing")
                 self._abandon_streams()
                 assert self._nursery is not None

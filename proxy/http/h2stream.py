@@ -23,7 +23,18 @@ h2_send_timeout_s is reset (RST_STREAM CANCEL), which frees its memory and its
 stream slot. h2 errors on a stream the peer reset become `ClientGone`, so h2 never
 leaks past this module.
 
-Invariant: `H2Connection.stream_done()` is called exactly once per started stream,
+Frames: the sink serialises its HEADERS (CONTINUATION past the peer's max frame size)
+and DATA frames itself, with the connection's memoising HPACK encoder, instead of
+calling h2's send_headers / send_data, which build a frame object per frame, set
+flags as a set of strings, validate and log per call (~20% of the transport's CPU per
+h2c request). What h2 still has to know is moved exactly as those calls would move it
+(`_advance`): the connection's and the stream's state machines (SEND_HEADERS,
+SEND_DATA, SEND_END_STREAM), and both outbound flow-control windows. A stream h2 no
+longer knows (closed, reset) is ClientGone, as before. tests/contract/test_h2_internals.py
+pins those internals; the h2 conformance of what goes out is checked by h2 itself in
+the tests (an h2 client decodes every response of tests/runtime/test_server_h2.py).
+
+Invariant: `H2ServerConnection.stream_done()` is called exactly once per started stream,
 also on cancellation; held bytes leave the connection's count exactly once.
 """
 
@@ -34,22 +45,28 @@ from typing import TYPE_CHECKING
 
 import h2.exceptions
 import trio
+from h2.connection import ConnectionInputs
 from h2.errors import ErrorCodes
+from h2.stream import StreamInputs
 
 from proxy.core import wire
 from proxy.errors import ClientGone
+from proxy.http import h2frames
 from proxy.http.exchange import CLIENT_CLOSED, BufferedBody, answer, run_exchange
 from proxy.http.h2rules import Malformed, RequestHead
 from proxy.http.messages import HOP_BY_HOP, Handler, Headers, Request, header_value
 
 if TYPE_CHECKING:
-    from proxy.http.h2server import H2Connection
+    from proxy.http.h2server import H2ServerConnection
 
 NO_BODY_STATUS = frozenset({204, 304})
 _STATUS: dict[int, bytes] = {}
 _TIMEOUT = wire.REQUEST_TIMEOUT_MS.encode()
 _GRPC_TIMEOUT = wire.GRPC_TIMEOUT.encode()
 _GRPC_STATUS = b"grpc-status"
+
+_CONN_SEND_HEADERS, _CONN_SEND_DATA = ConnectionInputs.SEND_HEADERS, ConnectionInputs.SEND_DATA
+_SEND_HEADERS, _SEND_DATA, _SEND_END = StreamInputs.SEND_HEADERS, StreamInputs.SEND_DATA, StreamInputs.SEND_END_STREAM
 
 
 def _status_bytes(status: int) -> bytes:
@@ -65,7 +82,7 @@ async def _options_star(request: Request, sink) -> None:
 
 
 def build_request(
-    conn: H2Connection, sid: int, head: RequestHead | Malformed, client: str
+    conn: H2ServerConnection, sid: int, head: RequestHead | Malformed, client: str
 ) -> tuple[Request, H2Body, Handler]:
     """The Request for a HEADERS frame, and who answers it: the handler, or 400/405/413/431 at once."""
     ctx = conn.ctx
@@ -108,7 +125,7 @@ class H2Body(BufferedBody):
 
     __slots__ = ("_conn", "_sid", "accounted", "request")
 
-    def __init__(self, conn: H2Connection, sid: int, content_length: int | None, limit: int) -> None:
+    def __init__(self, conn: H2ServerConnection, sid: int, content_length: int | None, limit: int) -> None:
         super().__init__(content_length, limit)
         self._conn = conn
         self._sid = sid
@@ -194,7 +211,7 @@ class H2Sink:
         "status",
     )
 
-    def __init__(self, conn: H2Connection, stream: H2Stream, head_request: bool) -> None:
+    def __init__(self, conn: H2ServerConnection, stream: H2Stream, head_request: bool) -> None:
         self._conn = conn
         self._stream = stream
         self._head_request = head_request
@@ -220,20 +237,17 @@ class H2Sink:
         self._send_headers(status, headers, length, end)
         if not end:
             self._push(body, end_stream=True)
-        self._conn.kick()
         self.finished = True
         await self._room()
 
     async def start(self, status: int, headers: Headers) -> None:
         self._send_headers(status, headers, None, False)
-        self._conn.kick()
 
     async def send(self, data: bytes) -> None:
         if not self.headers_sent or self.finished:
             raise RuntimeError("send() outside a started response")
         if data and not self._head_request:
             self._push(data, end_stream=False)
-            self._conn.kick()
             await self._room()
 
     async def end(self) -> None:
@@ -242,8 +256,7 @@ class H2Sink:
         if self._held:
             self._end_held = True
         else:
-            self._h2_call(self._conn.h2.end_stream, self._stream.sid)
-            self._conn.kick()
+            self._send_now(memoryview(b""), end_stream=True)
         self.finished = True
 
     async def trailers(self, headers: Headers) -> None:
@@ -257,8 +270,7 @@ class H2Sink:
         if self._held:
             self._trailers_held = fields
         else:
-            self._h2_call(self._conn.h2.send_headers, self._stream.sid, fields, end_stream=True)
-            self._conn.kick()
+            self._write_headers(fields, end_stream=True)
         self.finished = True
 
     def abort(self) -> None:
@@ -291,7 +303,40 @@ class H2Sink:
             and header_value(headers, b"content-length") is None
         ):
             out.append((b"content-length", str(length).encode()))
-        self._h2_call(self._conn.h2.send_headers, self._stream.sid, out, end_stream=end)
+        self._write_headers(out, end_stream=end)
+
+    def _h2_stream(self):
+        """h2's state for this stream; ClientGone once the client reset it or h2 has closed it."""
+        if self._stream.request.client_gone:
+            raise ClientGone("client reset the stream")
+        state = self._conn.h2.streams.get(self._stream.sid)
+        if state is None:
+            self._conn.ctx.client_gone(self._stream.request)
+            raise ClientGone(f"stream {self._stream.sid} is closed")
+        return state
+
+    def _advance(self, state, conn_input: ConnectionInputs, stream_input: StreamInputs, end_stream: bool) -> None:
+        """Move h2's connection and stream state machines as its send_headers / send_data would."""
+        try:
+            self._conn.h2.state_machine.process_input(conn_input)
+            state.state_machine.process_input(stream_input)
+            if end_stream:
+                state.state_machine.process_input(_SEND_END)
+        except h2.exceptions.ProtocolError as exc:  # stream or connection closed (reset, GOAWAY)
+            self._conn.ctx.client_gone(self._stream.request)
+            raise ClientGone(f"stream {self._stream.sid} is closed: {exc}") from exc
+
+    def _write_headers(self, fields: Headers, end_stream: bool) -> None:
+        """A response head or trailers: one HEADERS frame (CONTINUATIONs past the peer's max frame size).
+
+        Serialised here, not by h2's send_headers (module doc, "Frames"): the state machines move
+        exactly as h2 would move them (`_advance`, before the irreversible HPACK encoding, as h2
+        does), and the block comes from the connection's (memoising) encoder."""
+        state = self._h2_stream()
+        self._advance(state, _CONN_SEND_HEADERS, _SEND_HEADERS, end_stream)
+        h2c, sid = self._conn.h2, self._stream.sid
+        block = h2c.encoder.encode(fields)
+        self._conn.send_frames(h2frames.header_block(sid, block, end_stream, h2c.max_outbound_frame_size))
 
     def _push(self, data: bytes, end_stream: bool) -> None:
         """Send what can go now; hold the rest (after anything already held, to keep the order)."""
@@ -310,25 +355,25 @@ class H2Sink:
         self._end_held = self._end_held or end_stream
 
     def _send_now(self, view: memoryview, end_stream: bool) -> memoryview | None:
-        """DATA frames within the peer's window and the socket queue's bound; what is left, or None."""
-        conn, sid, h2c = self._conn, self._stream.sid, self._conn.h2
-        total, offset, frames = len(view), 0, 0
-        room = conn.out_room()
-        while True:
-            left = total - offset
-            size = min(self._h2_call(h2c.local_flow_control_window, sid), h2c.max_outbound_frame_size, left, room)
-            if left and size <= 0:
-                break
-            self._h2_call(h2c.send_data, sid, view[offset : offset + size], end_stream=end_stream and size == left)
-            frames += 1
-            offset += size
-            room -= size
-            if offset == total:
-                break
-        if frames:
-            conn.budget.data_sent(frames)  # the client's WINDOW_UPDATEs for these are earned
-            conn.kick()
-        return None if offset == total else view[offset:]
+        """DATA frames within the peer's window and the socket queue's bound; what is left, or None.
+
+        Serialised here (module doc, "Frames"): h2's send_data builds a frame object, flags set
+        and a serialisation per frame; the windows and state machines move as it would move them."""
+        conn = self._conn
+        h2c = conn.h2
+        state = self._h2_stream()
+        total = len(view)
+        size = max(0, min(h2c.outbound_flow_control_window, state.outbound_flow_control_window, total, conn.out_room()))
+        if total and not size:
+            return view
+        end = end_stream and size == total
+        self._advance(state, _CONN_SEND_DATA, _SEND_DATA, end)
+        parts, frames = h2frames.data(self._stream.sid, view[:size], end, h2c.max_outbound_frame_size)
+        state.outbound_flow_control_window -= size
+        h2c.outbound_flow_control_window -= size
+        conn.budget.data_sent(frames)  # the client's WINDOW_UPDATEs for these are earned
+        conn.send_frames(b"".join(parts))
+        return None if size == total else view[size:]
 
     def pump(self) -> bool:
         """Send held bytes the window and the socket queue now allow; whether any moved.
@@ -353,8 +398,7 @@ class H2Sink:
             self._conn.holding.pop(self._stream.sid, None)
             trailers, self._trailers_held = self._trailers_held, None
             if trailers is not None:
-                self._h2_call(self._conn.h2.send_headers, self._stream.sid, trailers, end_stream=True)
-                self._conn.kick()
+                self._write_headers(trailers, end_stream=True)
         return moved
 
     async def _room(self) -> None:
@@ -388,27 +432,17 @@ class H2Sink:
     def _progress(self) -> tuple[str, int]:
         return ("held", self._held_bytes) if self._held else ("writes", self._conn.writes)
 
-    def _h2_call(self, fn, *args, **kwargs):
-        """Call h2; a stream or connection that is gone becomes ClientGone."""
-        if self._stream.request.client_gone:
-            raise ClientGone("client reset the stream")
-        try:
-            return fn(*args, **kwargs)
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as exc:
-            self._conn.ctx.client_gone(self._stream.request)
-            raise ClientGone(f"stream {self._stream.sid} is closed: {exc}") from exc
-
 
 class H2Stream:
     __slots__ = ("body", "conn", "handler", "request", "scope", "sid", "sink")
 
-    def __init__(self, conn: H2Connection, sid: int, request: Request, body: H2Body, handler: Handler) -> None:
+    def __init__(self, conn: H2ServerConnection, sid: int, request: Request, body: H2Body, handler: Handler) -> None:
         self.conn = conn
         self.sid = sid
         self.request = request
         self.body = body
         self.sink = H2Sink(conn, self, request.method == b"HEAD")
-        self.scope = trio.CancelScope()
+        self.scope: trio.CancelScope | None = None  # the worker's, while it runs this stream (h2server._Worker)
         self.handler = handler
 
     def __repr__(self) -> str:
@@ -426,10 +460,14 @@ class H2Stream:
         self.body.release()
         self.conn.stream_done(self)
 
-    async def run(self) -> None:
+    async def run(self, scope: trio.CancelScope) -> None:
+        """Handle the stream inside `scope`, its worker's: `cancel()` cancels it, and the
+        Cancelled propagates from here (after the bookkeeping) to the worker, which takes a
+        fresh scope (h2server._Worker: no cancel scope is entered per request)."""
         ctx = self.conn.ctx
+        self.scope = scope
         try:
-            await run_exchange(ctx, "h2", self.handler, self.request, self.sink, self.scope)
+            await run_exchange(ctx, "h2", self.handler, self.request, self.sink, None)
             if not self.request.client_gone:
                 await self.sink.deliver()
             if self.sink.finished and not self.body.complete:
@@ -438,15 +476,21 @@ class H2Stream:
         except ClientGone:
             pass  # the client reset the stream or never read the response: nothing more to say
         finally:
+            self.scope = None  # the worker's scope serves the next stream: never cancel it from here again
             self.sink.drop_held()
             self.body.release()
             self.conn.stream_done(self)
 
+    def cancel(self) -> None:
+        """Stop the handler at its next checkpoint (a stream not started yet never starts: client_gone)."""
+        self.conn.ctx.client_gone(self.request)
+        if self.scope is not None:
+            self.scope.cancel()
+
     def peer_reset(self) -> None:
         """RST_STREAM from the client (or the connection ends): cancel the handler now."""
         if not self.sink.finished:
-            self.conn.ctx.client_gone(self.request)
-            self.scope.cancel()
+            self.cancel()
         self.body.fail(ClientGone("client reset the stream"))
 
     def reset(self, code: ErrorCodes) -> None:

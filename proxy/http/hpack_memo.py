@@ -20,6 +20,16 @@ that adds to the table, or a pending table-size update, always goes to hpack,
 and so does a head with hpack's `HeaderTuple` kinds (a never-indexed field
 compares equal to a plain tuple). Anything that raised is not remembered, so it raises again.
 
+Fields whose value changes from one block to the next (grpc-timeout, x-request-id, the
+sidecar's own x-rampmeter-queue-ms, a jittered retry-after-ms) would defeat that: every block
+is new, and hpack indexes each new value, evicting the stable entries. So the encoder learns
+which names carry changing values (`VOLATILE_AFTER` changes seen on memo misses; at most
+MAX_VOLATILE names) and from then on codes their fields as literals without indexing (RFC
+7541 6.2.2, raw strings) where they stand; the runs of other fields between them go through
+the memo as before (a block is a sequence of independent field instructions, so the runs'
+codes concatenate). A literal without indexing leaves the table as it is, so the memo's
+exactness holds, and the fields keep their order (gRPC metadata order is visible to clients).
+
 `install(conn)` swaps these into an `h2.connection.H2Connection` before it has
 coded any headers (h2 creates its coder in `__init__` and only ever reads the
 attributes this keeps). The sidecar's h2c server and upstream client install
@@ -32,11 +42,29 @@ from __future__ import annotations
 from typing import Any
 
 import hpack
+from hpack.hpack import encode_integer
 from hpack.table import HeaderTable, table_entry_size
 
 # Bounds per coder (one encoder and one decoder per connection): the oldest remembered block goes first.
 MAX_ENTRIES = 16
 MAX_BLOCK_BYTES = 1024  # longer blocks are not remembered: at worst ~32 KiB per coder (blocks + fields)
+VOLATILE_AFTER = 2  # value changes of one name (seen on memo misses) after which it is coded as a literal
+MAX_VOLATILE = 16  # names an encoder treats so (the values it watches: at most MAX_WATCHED names)
+MAX_WATCHED = 64
+
+# RFC 7541 appendix A: a name's first static-table index, for "literal without indexing, indexed name".
+_STATIC_NAME: dict[bytes, int] = {}
+for _index, (_name, _) in enumerate(HeaderTable.STATIC_TABLE, start=1):
+    _STATIC_NAME.setdefault(_name, _index)
+
+
+def _literal(name: bytes, value: bytes) -> bytes:
+    """One field as a literal without indexing (RFC 7541 6.2.2), strings raw (no Huffman)."""
+    index = _STATIC_NAME.get(name)  # first byte 0000xxxx: the name's index, or 0 and the name as a string
+    out = encode_integer(index, 4) if index is not None else bytearray(b"\x00") + encode_integer(len(name), 7) + name
+    out += encode_integer(len(value), 7)
+    out += value
+    return bytes(out)
 
 
 class VersionedHeaderTable(HeaderTable):
@@ -64,6 +92,9 @@ class MemoEncoder(hpack.Encoder):
         self.header_table: VersionedHeaderTable = VersionedHeaderTable()
         self._memo: dict[tuple, tuple[int, bytes]] = {}
         self.hits = self.misses = 0
+        self.volatile: set[bytes] = set()  # names whose fields go as literals (module doc)
+        self._last: dict[bytes, bytes] = {}  # each watched name's value in the last missed block
+        self._changes: dict[bytes, int] = {}
 
     def encode(self, headers: Any, huffman: bool = True) -> bytes:
         table = self.header_table
@@ -72,12 +103,49 @@ class MemoEncoder(hpack.Encoder):
         items = tuple(headers)
         if any(type(h) is not tuple for h in items):  # HeaderTuple kinds compare equal to plain tuples
             return super().encode(items, huffman)
+        volatile = self.volatile
+        if volatile and any(k in volatile for k, _ in items):
+            # In order: runs of the other fields through the memo, each volatile field a literal.
+            out: list[bytes] = []
+            run: list[tuple[bytes, bytes]] = []
+            for field in items:
+                if field[0] in volatile:
+                    if run:
+                        out.append(self._memo_encode(tuple(run), huffman))
+                        run = []
+                    out.append(_literal(*field))
+                else:
+                    run.append(field)
+            if run:
+                out.append(self._memo_encode(tuple(run), huffman))
+            return b"".join(out)
+        return self._memo_encode(items, huffman)
+
+    def _watch(self, items: tuple) -> None:
+        """On a miss: count value changes per regular name; past VOLATILE_AFTER the name is volatile."""
+        last, changes = self._last, self._changes
+        for name, value in items:
+            if name[:1] == b":":
+                continue
+            before = last.get(name)
+            if before is None:
+                if len(last) < MAX_WATCHED:
+                    last[name] = value
+            elif before != value:
+                last[name] = value
+                n = changes[name] = changes.get(name, 0) + 1
+                if n >= VOLATILE_AFTER and len(self.volatile) < MAX_VOLATILE:
+                    self.volatile.add(name)
+
+    def _memo_encode(self, items: tuple, huffman: bool) -> bytes:
+        table = self.header_table
         key = (items, huffman)
         hit = self._memo.get(key)
         if hit is not None and hit[0] == table.version:
             self.hits += 1
             return hit[1]
         self.misses += 1
+        self._watch(items)
         before = table.version
         block = super().encode(items, huffman)
         if table.version == before and len(block) <= MAX_BLOCK_BYTES:

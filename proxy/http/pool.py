@@ -49,7 +49,7 @@ from proxy.http.deadlines import DeadlineKeeper
 from proxy.http.forward import h2_request_headers
 from proxy.http.messages import Headers
 from proxy.http.upstream_h1 import H1Connection, H1Response, framed
-from proxy.http.upstream_h2 import H2Connection, H2Response
+from proxy.http.upstream_h2 import H2Response, H2UpstreamConnection
 from proxy.metrics import Metrics
 from proxy.policy.schema import Upstream
 
@@ -305,7 +305,7 @@ class _H2Upstream(_Upstream):
 
     def __init__(self, index: int, cfg: Upstream, pool: UpstreamPool, metrics: Metrics | None) -> None:
         super().__init__(index, cfg, pool, metrics)
-        self.conns: list[H2Connection] = []
+        self.conns: list[H2UpstreamConnection] = []
         self.opening = False
         self.lot = trio.lowlevel.ParkingLot()  # callers waiting for a stream slot
 
@@ -344,7 +344,7 @@ class _H2Upstream(_Upstream):
         # The one retry: it was not processed. (isinstance narrowed `body` to a bytes-like; mypy reads Any as that.)
         return await (await self._connection()).send(block, body, trailers)  # type: ignore[arg-type]
 
-    async def _connection(self) -> H2Connection:
+    async def _connection(self) -> H2UpstreamConnection:
         while True:
             for conn in self.conns:
                 if conn.has_capacity():
@@ -358,13 +358,13 @@ class _H2Upstream(_Upstream):
             finally:
                 self.waiting -= 1
 
-    async def _open(self) -> H2Connection:
+    async def _open(self) -> H2UpstreamConnection:
         self.opening = True
         nursery = self.pool.nursery
         assert nursery is not None, "the pool opens connections only inside `async with pool`"
         try:
             conn = await self._connect_timed(
-                lambda: H2Connection.open(
+                lambda: H2UpstreamConnection.open(
                     self.host, self.port, nursery=nursery, label=self.hostport, on_change=self._changed
                 )
             )
@@ -375,7 +375,7 @@ class _H2Upstream(_Upstream):
         self.connections.inc()
         return conn
 
-    def _changed(self, conn: H2Connection) -> None:
+    def _changed(self, conn: H2UpstreamConnection) -> None:
         """A connection's capacity changed (stream ended, settings, GOAWAY, closed)."""
         if conn.closed or conn.goaway:
             if conn.closed and conn in self.conns:

@@ -5,7 +5,7 @@ the accept loops, the outer one every connection and the server's `Patrol`
 (phase deadlines, eviction, hung-up clients: proxy/http/patrol.py). Each accepted
 connection starts as an `h1server.H1Connection`, which reads its first bytes
 under the header timeout (from accept): the HTTP/2 connection preface (`PRI *
-HTTP/2.0...`, prior knowledge) hands the connection to `h2server.H2Connection`,
+HTTP/2.0...`, prior knowledge) hands the connection to `h2server.H2ServerConnection`,
 anything else is served as HTTP/1.1; both call the same handler through
 `exchange.run_exchange`.
 
@@ -57,7 +57,7 @@ import trio
 from proxy.errors import StartupError
 from proxy.http.exchange import CLIENT, ServerContext
 from proxy.http.h1server import PREFACE, H1Connection
-from proxy.http.h2server import H2Connection
+from proxy.http.h2server import H2ServerConnection
 from proxy.http.messages import Handler
 from proxy.http.ratelog import RateLimitedLog
 from proxy.metrics import Metrics
@@ -163,7 +163,7 @@ class Server:
         self._fd_reserve = fd_reserve
         self._fd_cap: int | None = None  # set at serve() when the open-file limit lowers max_connections
         self._address = ""
-        self._connections: set[H1Connection | H2Connection] = set()
+        self._connections: set[H1Connection | H2ServerConnection] = set()
         self._open = 0
         self._evicting = 0  # evicted, not yet closed: their slots are as good as free
         self._evicted = 0
@@ -211,7 +211,7 @@ class Server:
 
     def statistics(self) -> ServerStatistics:
         ctx = self._ctx
-        h2 = sum(1 for c in self._connections if isinstance(c, H2Connection))
+        h2 = sum(1 for c in self._connections if isinstance(c, H2ServerConnection))
         detecting = sum(1 for c in self._connections if isinstance(c, H1Connection) and c.detecting)
         return ServerStatistics(
             name=self.name,
@@ -326,14 +326,14 @@ class Server:
         accepted_at = trio.current_time()
         CLIENT.set(peer)  # this task's context: the connection's tasks inherit it (log lines name the peer)
         h1 = H1Connection(self._ctx, stream, peer, accepted_at)
-        conn: H1Connection | H2Connection = h1
+        conn: H1Connection | H2ServerConnection = h1
         try:
             self._connections.add(conn)
             await self._serve(conn)
             initial = h1.h2_initial
             if initial is not None:
                 self._connections.discard(conn)
-                conn = H2Connection(self._ctx, stream, peer, accepted_at)
+                conn = H2ServerConnection(self._ctx, stream, peer, accepted_at)
                 self._connections.add(conn)
                 await self._serve(conn, initial)
         except Exception:
@@ -351,13 +351,13 @@ class Server:
             if not self._open and self._ctx.draining:
                 self._all_closed.set()
 
-    async def _serve(self, conn: H1Connection | H2Connection, initial: bytes | None = None) -> None:
+    async def _serve(self, conn: H1Connection | H2ServerConnection, initial: bytes | None = None) -> None:
         # connections_open{protocol="http1"} counts a connection from accept (while it is told apart from h2c).
         gauge = self._gauges[conn.protocol] if self._gauges else None
         if gauge is not None:
             gauge.inc()
         try:
-            await conn.run(initial)  # type: ignore[arg-type]  # an H2Connection is always given its preface bytes
+            await conn.run(initial)  # type: ignore[arg-type]  # an H2ServerConnection is always given its preface bytes
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.debug("connection %r lost: %s", conn, exc)
         finally:

@@ -1,6 +1,6 @@
 """HTTP/2 cleartext (prior knowledge) upstream connection: many concurrent streams on one socket.
 
-Theory of operation: `H2Connection.open(host, port, nursery=...)` connects, sends
+Theory of operation: `H2UpstreamConnection.open(host, port, nursery=...)` connects, sends
 the preface and our SETTINGS, starts two tasks in the given nursery and returns
 once the peer's SETTINGS arrived and ours were acknowledged (so
 `max_streams` and the windows are known). The reader task feeds every received
@@ -61,11 +61,12 @@ import h2.events
 import h2.exceptions
 import h2.settings
 import trio
-from h2.connection import ConnectionInputs, ConnectionState
+from h2.connection import AllowedStreamIDs, ConnectionInputs, ConnectionState
 from h2.errors import ErrorCodes
+from h2.stream import StreamInputs
 
 from proxy.errors import ProtocolError, UpstreamConnectError, UpstreamProtocolError
-from proxy.http import hpack_memo, sockio
+from proxy.http import h2frames, hpack_memo, sockio
 from proxy.http.forward import h2_request_headers
 from proxy.http.messages import Headers
 
@@ -79,6 +80,10 @@ _BYTES_LIKE = (bytes, bytearray, memoryview)
 
 Body = bytes | AsyncIterable[bytes]
 
+_CLIENT_IDS = AllowedStreamIDs.ODD
+_CONN_SEND_HEADERS, _CONN_SEND_DATA = ConnectionInputs.SEND_HEADERS, ConnectionInputs.SEND_DATA
+_SEND_HEADERS, _SEND_DATA, _SEND_END = StreamInputs.SEND_HEADERS, StreamInputs.SEND_DATA, StreamInputs.SEND_END_STREAM
+
 _CONFIG = h2.config.H2Configuration(
     client_side=True, header_encoding=None, validate_outbound_headers=False, normalize_outbound_headers=False
 )
@@ -91,7 +96,7 @@ class _GracefulStateMachine(h2.connection.H2ConnectionStateMachine):
     }
 
 
-def _noop(conn: H2Connection) -> None:
+def _noop(conn: H2UpstreamConnection) -> None:
     pass
 
 
@@ -178,9 +183,13 @@ class _Stream:
         await event.wait()
 
 
-class H2Connection:
+class H2UpstreamConnection:
     def __init__(
-        self, stream: trio.SocketStream, label: str, on_change: Callable[[H2Connection], None], nursery: trio.Nursery
+        self,
+        stream: trio.SocketStream,
+        label: str,
+        on_change: Callable[[H2UpstreamConnection], None],
+        nursery: trio.Nursery,
     ) -> None:
         self._stream = stream
         self._nursery = nursery  # the reader, the writer and body uploaders run here
@@ -213,8 +222,8 @@ class H2Connection:
         *,
         nursery: trio.Nursery,
         label: str = "",
-        on_change: Callable[[H2Connection], None] = _noop,
-    ) -> H2Connection:
+        on_change: Callable[[H2UpstreamConnection], None] = _noop,
+    ) -> H2UpstreamConnection:
         """Connect and handshake; bounded by the caller's cancel scope. Tasks run in `nursery`."""
         label = label or f"{host}:{port}"
         try:
@@ -246,7 +255,7 @@ class H2Connection:
 
     @classmethod
     @asynccontextmanager
-    async def connect(cls, host: str, port: int, *, label: str = "") -> AsyncIterator[H2Connection]:
+    async def connect(cls, host: str, port: int, *, label: str = "") -> AsyncIterator[H2UpstreamConnection]:
         """Standalone use (load generator, tests): a connection with its own nursery."""
         async with trio.open_nursery() as nursery:
             conn = await cls.open(host, port, nursery=nursery, label=label)
@@ -343,13 +352,15 @@ class H2Connection:
         small = trailers is None and isinstance(body, _BYTES_LIKE) and len(body) <= SMALL_BODY_BYTES
         empty = small and not body
         try:
-            h.send_headers(sid, block, end_stream=empty)
+            state = self._open_stream(sid, block, empty)
             # A body the windows take whole leaves with the head: one write, not two.
             inline = (
-                small and not empty and len(body) <= min(h.local_flow_control_window(sid), h.max_outbound_frame_size)  # type: ignore[arg-type]  # small: bytes-like
+                small
+                and not empty
+                and len(body) <= min(h.outbound_flow_control_window, state.outbound_flow_control_window)  # type: ignore[arg-type]  # small: bytes-like
             )
             if inline:
-                h.send_data(sid, body, end_stream=True)  # type: ignore[arg-type]  # small: bytes-like
+                self._send_body(state, body)  # type: ignore[arg-type]  # small: bytes-like
         except h2.exceptions.ProtocolError as exc:
             raise ProtocolError(f"upstream {self.label}: cannot send request headers: {exc}") from exc
         s.local_done = empty or inline
@@ -377,6 +388,45 @@ class H2Connection:
             self.forget(s)
             raise
         return H2Response(self, s)
+
+    def _open_stream(self, sid: int, block: Headers, end_stream: bool) -> Any:
+        """h2's send_headers for a new request stream, the frames serialised by h2frames.
+
+        What h2 keeps is moved as send_headers would move it: the connection's state machine,
+        a new stream (`_begin_new_stream`: its windows from both sides' settings), the stream's
+        state machine, and the request method it remembers for the answer (a HEAD response's
+        content-length). The HEADERS go into h2's own output buffer, so they leave in order
+        with everything h2 produced before them (HPACK state depends on it)."""
+        h = self._h2
+        limit = h.remote_settings.max_concurrent_streams
+        if h.open_outbound_streams + 1 > limit:  # as h2 checks it; the property also prunes closed streams
+            raise h2.exceptions.TooManyStreamsError(f"Max outbound streams is {limit}")
+        h.state_machine.process_input(_CONN_SEND_HEADERS)
+        state = h._begin_new_stream(sid, _CLIENT_IDS)
+        state.state_machine.process_input(_SEND_HEADERS)
+        if end_stream:
+            state.state_machine.process_input(_SEND_END)
+        for name, value in block:
+            if name[:1] != b":":
+                break
+            if name == b":method":
+                state.request_method = value
+            elif name == b":authority":
+                state._authority = value
+        frames = h2frames.header_block(sid, h.encoder.encode(block), end_stream, h.max_outbound_frame_size)
+        h._data_to_send += frames
+        return state
+
+    def _send_body(self, state: Any, body: bytes) -> None:
+        """h2's send_data(end_stream=True) for a body the windows take whole (`send`'s inline case)."""
+        h = self._h2
+        h.state_machine.process_input(_CONN_SEND_DATA)
+        state.state_machine.process_input(_SEND_DATA)
+        state.state_machine.process_input(_SEND_END)
+        parts, _ = h2frames.data(state.stream_id, body, True, h.max_outbound_frame_size)
+        state.outbound_flow_control_window -= len(body)
+        h.outbound_flow_control_window -= len(body)
+        h._data_to_send += b"".join(parts)
 
     async def _upload_task(
         self, s: _Stream, scope: trio.CancelScope, body: Body, trailers: Headers | None = None
@@ -603,7 +653,7 @@ class H2Connection:
             self._fail("GOAWAY")
         self.on_change(self)
 
-    _DISPATCH: ClassVar[dict[type, Callable[[H2Connection, Any], None]]] = {
+    _DISPATCH: ClassVar[dict[type, Callable[[H2UpstreamConnection, Any], None]]] = {
         h2.events.ResponseReceived: _on_response,
         h2.events.DataReceived: _on_data,
         h2.events.TrailersReceived: _on_trailers,
@@ -628,7 +678,7 @@ class H2Connection:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "goaway" if self.goaway else "open"
-        return f"<H2Connection {self.label} {state} streams={len(self._streams)}/{self.max_streams} requests={self.requests}>"
+        return f"<H2UpstreamConnection {self.label} {state} streams={len(self._streams)}/{self.max_streams} requests={self.requests}>"
 
 
 class H2Response:
@@ -637,7 +687,7 @@ class H2Response:
     __slots__ = ("_s", "closed", "complete", "connection", "failed", "headers", "owner", "started_at", "status")
     http_version = "2"
 
-    def __init__(self, connection: H2Connection, stream: _Stream) -> None:
+    def __init__(self, connection: H2UpstreamConnection, stream: _Stream) -> None:
         self.status: int = stream.status or 0
         self.headers = stream.headers
         self.connection = connection

@@ -1,4 +1,4 @@
-"""h2c sessions of the load generator: streams spread over a few shared `H2Connection`s.
+"""h2c sessions of the load generator: streams spread over a few shared `H2UpstreamConnection`s.
 
 Theory of operation: sessions share the transport's connections: a stream goes
 round-robin to the first of `target.connections` connections with a free
@@ -8,13 +8,13 @@ connection's `on_change` unparks it). Connections that were closed or got
 GOAWAY are dropped; a stream the server refused or did not process (above
 GOAWAY's last stream id, `request_sent=False`) is sent once more.
 
-The connections are the project's `H2Connection` (whose HPACK coder remembers
+The connections are the project's `H2UpstreamConnection` (whose HPACK coder remembers
 repeated header blocks, proxy/http/hpack_memo.py: a fifth of the generator's
 CPU against nginx) with one difference: h2 does not validate or normalise the
 target's response headers (`_GENERATOR_H2`).
 That check is a third of the generator's CPU per request against nginx, and a
 load generator measures the target rather than polices it. The switch reaches
-into `H2Connection._h2`; it is a no-op if that attribute ever goes away (the
+into `H2UpstreamConnection._h2`; it is a no-op if that attribute ever goes away (the
 generator is then slower, never wrong). Asked of upstream_h2.py: a public
 `config` argument, so this needs no private attribute.
 """
@@ -28,7 +28,7 @@ import trio
 
 from proxy.errors import UpstreamError
 from proxy.http.pool import parse_url
-from proxy.http.upstream_h2 import H2Connection
+from proxy.http.upstream_h2 import H2UpstreamConnection
 from proxy.loadtest.shapes import Shape
 from proxy.loadtest.target import IDEMPOTENCY_KEY, Target, prepare
 
@@ -45,8 +45,8 @@ _GENERATOR_H2 = h2.config.H2Configuration(
 )
 
 
-class _GeneratorH2Connection(H2Connection):
-    """`H2Connection` with inbound header validation off (module doc)."""
+class _GeneratorConnection(H2UpstreamConnection):
+    """`H2UpstreamConnection` with inbound header validation off (module doc)."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -83,8 +83,8 @@ class H2Transport:
         self.label = f"{self.host}:{self.port}"
         self.prepared = prepare(shapes, target.url)
         self.spread = target.connections
-        self.conns: list[H2Connection] = []  # the ones new streams may use
-        self._every: list[H2Connection] = []  # every one opened, closed at the end (draining ones too)
+        self.conns: list[H2UpstreamConnection] = []  # the ones new streams may use
+        self._every: list[H2UpstreamConnection] = []  # every one opened, closed at the end (draining ones too)
         self._next = 0
         self._opening = False
         self._lot = trio.lowlevel.ParkingLot()
@@ -94,7 +94,7 @@ class H2Transport:
     def session(self) -> _H2Session:
         return _H2Session(self)
 
-    def pick(self) -> H2Connection | None:
+    def pick(self) -> H2UpstreamConnection | None:
         """A connection with a free stream, round-robin; None when all are full (or too few are open)."""
         conns = self.conns
         n = len(conns)
@@ -107,7 +107,7 @@ class H2Transport:
                 return conn
         return None
 
-    async def acquire(self) -> H2Connection:
+    async def acquire(self) -> H2UpstreamConnection:
         while True:
             self.conns = [c for c in self.conns if not (c.closed or c.goaway)]
             conn = self.pick()
@@ -117,10 +117,10 @@ class H2Transport:
                 return await self._open()
             await self._lot.park()
 
-    async def _open(self) -> H2Connection:
+    async def _open(self) -> H2UpstreamConnection:
         self._opening = True
         try:
-            conn = await _GeneratorH2Connection.open(
+            conn = await _GeneratorConnection.open(
                 self.host, self.port, nursery=self._nursery, label=self.label, on_change=self._changed
             )
         finally:
@@ -131,7 +131,7 @@ class H2Transport:
         self.opened += 1
         return conn
 
-    def _changed(self, conn: H2Connection) -> None:
+    def _changed(self, conn: H2UpstreamConnection) -> None:
         if not self._lot:
             return
         if conn.closed or conn.goaway:

@@ -1,7 +1,7 @@
 """The standard gRPC health check (grpc.health.v1.Health/Check) against one upstream, over h2c.
 
 Theory of operation: one check is one short HTTP/2 connection of the sidecar's own
-h2 client (`proxy.http.upstream_h2.H2Connection`, not the data-path pool: the check
+h2 client (`proxy.http.upstream_h2.H2UpstreamConnection`, not the data-path pool: the check
 must work while the data path rejects everything, and must not count in its limits),
 one unary call with the serialized `HealthCheckRequest{service}` framed by
 `proxy.core.grpc_wire`, and the answer read back: healthy only when the call ended
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from proxy.core import grpc_wire
 from proxy.errors import RampmeterError, UpstreamError
-from proxy.http.upstream_h2 import H2Connection
+from proxy.http.upstream_h2 import H2UpstreamConnection
 
 _MAX_ANSWER = grpc_wire.MAX_MESSAGE_BYTES + 5  # a health answer is a few bytes; a probe's is read whole
 
@@ -52,7 +52,7 @@ async def unary(host: str, port: int, path: bytes, message: bytes) -> tuple[bool
         (b"user-agent", b"rampmeter-probe"),
     ]
     try:
-        async with H2Connection.connect(host, port, label=f"{host}:{port}") as conn:
+        async with H2UpstreamConnection.connect(host, port, label=f"{host}:{port}") as conn:
             resp = await conn.send(block, grpc_wire.frame(message))
             async with resp:
                 body = await _read_bounded(resp)

@@ -27,7 +27,7 @@ from hyperframe.frame import (
 
 from proxy.http import h2server
 from proxy.http.exchange import ServerContext
-from proxy.http.h2server import FRAMES_PER_TURN, H2Connection
+from proxy.http.h2server import FRAMES_PER_TURN, H2ServerConnection
 from proxy.metrics import Metrics
 from proxy.policy.schema import Listen
 from proxy.testing.handlers import Gate, H2Peer, Router, blob, echo, hello
@@ -54,7 +54,7 @@ async def connection(handler, limits: Listen = LIMITS, *, stream_pair=trio.testi
     client_stream, server_stream = stream_pair()
     metrics = Metrics()
     ctx = ServerContext(handler, limits, metrics)
-    conn = H2Connection(ctx, server_stream, "192.0.2.9", trio.current_time())
+    conn = H2ServerConnection(ctx, server_stream, "192.0.2.9", trio.current_time())
     done = trio.Event()
 
     async def run() -> None:
@@ -485,8 +485,8 @@ async def test_a_writer_that_failed_first_leaves_a_quiet_goodbye(autojump_clock,
         self._nursery.cancel_scope.cancel()  # what _write_loop does on BrokenResourceError
         return False  # a protocol error (a flood): GOAWAY queued, to be flushed
 
-    monkeypatch.setattr(H2Connection, "_read", last_read)
+    monkeypatch.setattr(H2ServerConnection, "_read", last_read)
     _, server_stream = trio.testing.memory_stream_pair()
-    conn = H2Connection(ServerContext(hello, LIMITS, None), server_stream, "192.0.2.9", trio.current_time())
+    conn = H2ServerConnection(ServerContext(hello, LIMITS, None), server_stream, "192.0.2.9", trio.current_time())
     await conn.run(b"")  # returns; before the fix: ExceptionGroup(ClientGone)
     assert conn.streams == {}

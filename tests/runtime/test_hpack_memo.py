@@ -29,17 +29,40 @@ call = st.one_of(head.map(lambda h: ("head", h)), st.sampled_from([0, 64, 256, 4
 @given(st.lists(call, min_size=1, max_size=40))
 def test_encoder_and_decoder_code_every_sequence_as_hpack_does(calls):
     plain_enc, memo_enc = hpack.Encoder(), MemoEncoder()
-    plain_dec, memo_dec = hpack.Decoder(), MemoDecoder()
+    plain_dec, memo_dec, peer_dec = hpack.Decoder(), MemoDecoder(), hpack.Decoder()
     for kind, arg in calls:
         if kind == "size":
             if arg != plain_enc.header_table_size:  # hpack 4.x drops a pending update when set twice alike
                 plain_enc.header_table_size = memo_enc.header_table_size = arg
             continue
         block = plain_enc.encode(arg)
-        assert memo_enc.encode(list(arg)) == block
+        volatile = set(memo_enc.volatile) if all(type(h) is tuple for h in arg) else set()
+        mine = memo_enc.encode(list(arg))
+        if not volatile:
+            assert mine == block  # nothing learnt volatile yet: exactly hpack's bytes
+        assert peer_dec.decode(mine, raw=True) == arg  # what the peer decodes: the same fields, in order
         assert memo_dec.decode(block, raw=True) == plain_dec.decode(block, raw=True) == arg
-    assert list(memo_enc.header_table.dynamic_entries) == list(plain_enc.header_table.dynamic_entries)
+    assert peer_dec.decode(memo_enc.encode([]), raw=True) == []  # carries a pending table size update
+    assert list(memo_enc.header_table.dynamic_entries) == list(peer_dec.header_table.dynamic_entries)
     assert list(memo_dec.header_table.dynamic_entries) == list(plain_dec.header_table.dynamic_entries)
+
+
+def test_a_changing_value_is_learnt_volatile_and_the_rest_stays_remembered():
+    """grpc-timeout changes on every call: after VOLATILE_AFTER changes it goes as a literal without
+    indexing where it stands, the table stops changing, and the runs around it are memo hits again."""
+    enc, peer = MemoEncoder(), hpack.Decoder()
+    fixed = [(b":method", b"POST"), (b":path", b"/svc/M"), (b"content-type", b"application/grpc")]
+    for i in range(50):
+        head = [*fixed, (b"grpc-timeout", b"%du" % (4_999_000 - i)), (b"te", b"trailers")]
+        block = enc.encode(head)
+        assert peer.decode(block, raw=True) == head
+    assert enc.volatile == {b"grpc-timeout"}
+    entries = list(enc.header_table.dynamic_entries)
+    before = enc.hits
+    for i in range(10):
+        enc.encode([*fixed, (b"grpc-timeout", b"%dm" % i), (b"te", b"trailers")])
+    assert enc.hits == before + 20  # the runs before and after it are remembered
+    assert list(enc.header_table.dynamic_entries) == entries == list(peer.header_table.dynamic_entries)
 
 
 def test_a_repeated_indexed_head_is_coded_once():

@@ -12,7 +12,7 @@ from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 
 from proxy.http.exchange import ServerContext
-from proxy.http.h2server import MAX_STREAM_ID, STREAM_WINDOW, H2Connection, drain_idle_wait_s
+from proxy.http.h2server import MAX_STREAM_ID, STREAM_WINDOW, H2ServerConnection, drain_idle_wait_s
 from proxy.metrics import Metrics
 from proxy.policy.schema import Listen
 from proxy.testing.handlers import Gate, H2Peer, Router, blob, echo, hello, pattern
@@ -31,7 +31,7 @@ LIMITS = Listen(
 async def connection(handler, limits: Listen = LIMITS, metrics: Metrics | None = None, **peer_options):
     client_stream, server_stream = trio.testing.memory_stream_pair()
     ctx = ServerContext(handler, limits, metrics)
-    conn = H2Connection(ctx, server_stream, "192.0.2.9", trio.current_time())
+    conn = H2ServerConnection(ctx, server_stream, "192.0.2.9", trio.current_time())
     done = trio.Event()
 
     async def run() -> None:
@@ -295,3 +295,37 @@ async def test_head_response_has_length_but_no_body(autojump_clock):
         await peer.until(lambda: peer.streams[sid].ended)
         assert peer.streams[sid].header(b"content-length") == b"6"
         assert peer.streams[sid].body == b""
+
+
+async def test_many_requests_on_one_connection_keep_h2s_stream_map_bounded(autojump_clock):
+    """h2 prunes its closed streams only when asked to count them; we count ours (h2server._H2State),
+    so the pruning must still happen: 500 requests in sequence leave a bounded map, and stream
+    workers are reused (no task per request)."""
+    async with connection(echo) as (peer, _, conn, _):
+        for i in range(500):
+            sid = await peer.request(b"/", method=b"POST", body=b"%d" % i)
+            await peer.until(lambda sid=sid: peer.streams[sid].ended)
+            assert peer.streams[sid].body == b"%d" % i
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(conn.h2.streams) <= 2 * len(conn.streams) + 33
+        assert len(conn._idle_workers) == 1  # one worker served them all, one after the other
+
+
+async def test_request_trailers_and_a_second_head_take_h2s_own_path(autojump_clock):
+    """`_Inbound` cuts a new stream's whole HEADERS frame itself (h2server._WholeHeaders); trailers
+    (HEADERS on an open stream) go through h2's own HEADERS handling and reach the handler."""
+
+    async def trailers_echo(request, sink) -> None:
+        body = await request.body.read_all()
+        await sink.respond(200, [(b"x-trailers", repr(request.trailers).encode())], body)
+
+    async with connection(trailers_echo) as (peer, _, _, _):
+        sid = await peer.request(b"/t", method=b"POST", body=b"abc", end=False)
+        peer.conn.send_headers(sid, [(b"x-checksum", b"42")], end_stream=True)
+        await peer.flush()
+        await peer.until(lambda: peer.streams[sid].ended)
+        assert (peer.streams[sid].status, peer.streams[sid].body) == (200, b"abc")
+        assert peer.streams[sid].header(b"x-trailers") == repr([(b"x-checksum", b"42")]).encode()
+        again = await peer.request(b"/t", method=b"POST", body=b"d")  # the next stream's head: the fast path
+        await peer.until(lambda: peer.streams[again].ended)
+        assert peer.streams[again].body == b"d"

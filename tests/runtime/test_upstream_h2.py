@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.errors import UpstreamConnectError, UpstreamProtocolError
 from proxy.http.pool import UpstreamPool
-from proxy.http.upstream_h2 import H2Connection
+from proxy.http.upstream_h2 import H2UpstreamConnection
 from proxy.metrics import Metrics
 from proxy.policy.schema import Upstream
 from tests.conftest import free_port
@@ -283,9 +283,26 @@ async def test_bare_connection_for_the_load_generator():
     server = RawH2Server(ok)
     with trio.fail_after(30):
         async with server.running():
-            async with H2Connection.connect("127.0.0.1", server.port) as conn:
+            async with H2UpstreamConnection.connect("127.0.0.1", server.port) as conn:
                 for _ in range(3):
                     async with await conn.send_request(b"GET", b"/", HOST) as resp:
                         assert (resp.status, await resp.read()) == (200, b"ok")
                 assert conn.requests == 3 and conn.active_streams == 0
             assert server.connections == 1
+
+
+async def test_request_frames_serialised_by_us_keep_h2s_state_and_prune_closed_streams():
+    """upstream_h2 writes HEADERS/DATA itself (h2frames): h2's streams still close, get pruned
+    (the map stays bounded over many requests), a HEAD's method is remembered, bodies arrive whole."""
+    server = RawH2Server(ok)
+    with trio.fail_after(30):
+        async with server.running(), H2UpstreamConnection.connect("127.0.0.1", server.port) as conn:
+            for i in range(300):
+                body = b"b" * (i % 7) * 1000
+                async with await conn.send_request(b"POST", b"/", HOST, body) as resp:
+                    assert (resp.status, await resp.read()) == (200, b"ok")
+            assert len(conn._h2.streams) <= 2 * conn.active_streams + 33  # pruned (_ClientState)
+            async with await conn.send_request(b"HEAD", b"/", HOST) as resp:
+                assert resp.status == 200
+                state = conn._h2.streams[resp._s.id]
+                assert state.request_method == b"HEAD" and state.state_machine.headers_sent

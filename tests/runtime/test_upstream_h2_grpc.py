@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.core import grpc_wire
-from proxy.http.upstream_h2 import H2Connection
+from proxy.http.upstream_h2 import H2UpstreamConnection
 from proxy.testing import grpc_servicer as gs
 
 
@@ -27,7 +27,7 @@ def block(port: int, path: bytes) -> list[tuple[bytes, bytes]]:
 
 
 async def test_a_unary_answer_ends_with_its_trailers(echo):
-    async with H2Connection.connect("127.0.0.1", echo.port) as conn:
+    async with H2UpstreamConnection.connect("127.0.0.1", echo.port) as conn:
         resp = await conn.send(block(echo.port, b"/test.Echo/Unary"), grpc_wire.frame(b"hi"))
         async with resp:
             assert grpc_wire.unframe(await resp.read()) == b"hi"
@@ -38,7 +38,7 @@ async def test_a_unary_answer_ends_with_its_trailers(echo):
 
 
 async def test_a_trailers_only_answer_has_its_status_in_the_head_and_no_trailers(echo):
-    async with H2Connection.connect("127.0.0.1", echo.port) as conn:
+    async with H2UpstreamConnection.connect("127.0.0.1", echo.port) as conn:
         resp = await conn.send(block(echo.port, b"/test.Echo/Fail"), grpc_wire.frame(b"x"))
         async with resp:
             assert await resp.read() == b""
