@@ -241,3 +241,28 @@ def test_gate_load_rules_before_deadline():
     shedder = make(max_queued=1, **ONLY_QUEUE)
     late = dl.check(0.0, 0.5, queue_wait=400.0, service=300.0)
     assert arrival_verdict(shedder, snap((2, 0, 0)), REALTIME, 0.0, late).reason is Reason.QUEUE_FULL
+
+
+@given(
+    st.lists(st.tuples(st.floats(0, 2_000), st.floats(0, 0.5)), max_size=40),
+    st.integers(0, 2),
+    st.floats(0, 1),
+    st.sampled_from([(0.0, 0.0), (20.0, 80.0), (400.0, 1500.0)]),
+)
+def test_the_quiet_fast_path_sheds_only_where_the_full_check_would(waits, rank, gpu, scale):
+    """passes_quiet (nothing queued, room under the limit) never lets through what `check` on the
+    same empty-queue snapshot would shed, and leaves the CoDels as `check` would."""
+    fast, full = make(), make()
+    now = 0.0
+    for wait_ms, dt in waits:  # the same history of dequeues into both
+        now += dt
+        fast.on_dequeue(wait_ms, rank, now)
+        full.on_dequeue(wait_ms, rank, now)
+    snap = LoadSnapshot((0, 0, 0), gpu_memory_fraction=gpu, service_p50_ms=scale[0], service_p99_ms=scale[1])
+    passed = fast.passes_quiet(rank, now, gpu, *scale)
+    verdict = full.check(snap, rank, now)
+    if passed:
+        assert verdict is None
+        assert [c.statistics() for c in fast.codels] == [c.statistics() for c in full.codels]
+    else:  # the caller falls back to check on a full snapshot: the same verdict as full's
+        assert fast.check(snap, rank, now) == verdict
