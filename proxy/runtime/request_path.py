@@ -123,7 +123,9 @@ class RequestPath:
 
     def __init__(self, parts: Collaborators) -> None:
         self.nursery: trio.Nursery | None = None  # the app's: background dedup leaders run in it (App.run sets it)
-        self._rejections: dict[tuple[str, wire.Reason], Any] = {}  # prometheus children, bound once
+        self._rejections: dict[
+            tuple[str, wire.Reason], Any
+        ] = {}  # folded counters (proxy/metrics.py Tally), bound once
         self._goodput: dict[str, Any] = {}
         self.update(parts)
 
