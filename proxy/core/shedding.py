@@ -238,11 +238,25 @@ def arrival_verdict(
     in_time = isinstance(deadline, dl.Meetable) and math.isfinite(deadline.completion)
     verdict = None if snap is None else shedder.check(snap, rank, now, in_time)
     if verdict is None and isinstance(deadline, dl.Unmeetable) and on_unmeetable == "reject":
-        unmeetable_retry = None if deadline.retry_after_ms is None else shedder.retry_after(deadline.retry_after_ms)
-        verdict = Reject(Reason.DEADLINE_UNMEETABLE, unmeetable_retry, _unmeetable_message(deadline))
+        verdict = deadline_unmeetable(shedder, deadline)
     if verdict is not None and tenants is not None:
         tenants.refund(tenant, cost)
     return verdict
+
+
+_NO_TIME_TO_WAIT = Reject(Reason.DEADLINE_UNMEETABLE, None, "the deadline leaves no time to wait for a slot")
+
+
+def deadline_unmeetable(shedder: Shedder | None, verdict: dl.Unmeetable | None) -> Reject:
+    """The producer of Reason.DEADLINE_UNMEETABLE: the deadline rule's verdict at arrival, or (None)
+    a ticket the rule let through that must queue but whose expiry has come (no time to wait at all,
+    core/admission.py arrive). Retry-After only where waiting would help, jittered by the shedder."""
+    if verdict is None:
+        return _NO_TIME_TO_WAIT
+    retry = verdict.retry_after_ms
+    if retry is not None and shedder is not None:
+        retry = shedder.retry_after(retry)
+    return Reject(Reason.DEADLINE_UNMEETABLE, retry, _unmeetable_message(verdict))
 
 
 def _unmeetable_message(verdict: dl.Unmeetable) -> str:

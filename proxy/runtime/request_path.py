@@ -56,7 +56,7 @@ import trio
 
 from proxy.core import wire
 from proxy.core.arrival import service_key
-from proxy.core.decisions import Outcome, Reject, Ticket
+from proxy.core.decisions import ExpiredAt, Outcome, Reject, Ticket, deadline_expired
 from proxy.core.served_paths import ServedPaths
 from proxy.errors import ResponseCut, UpstreamTimeout
 from proxy.http.messages import Request, ResponseSink
@@ -249,8 +249,7 @@ class RequestPath:
                     request,
                 )
                 raise ResponseAborted("deadline passed while the response was streaming")
-            expired = Reject(wire.Reason.DEADLINE_EXPIRED, None, "the request's deadline passed")
-            await self.reject(sink, expired, ticket.klass)
+            await self.reject(sink, deadline_expired(ExpiredAt.UPSTREAM), ticket.klass)
 
     async def _forward(
         self,

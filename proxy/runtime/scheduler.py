@@ -52,15 +52,16 @@ from proxy.core.decisions import (
     Admit,
     Enqueue,
     Expired,
+    ExpiredAt,
     Lease,
     LeaseError,
     Observed,
     Outcome,
     Reject,
     Ticket,
+    deadline_expired,
 )
 from proxy.core.quantiles import LatencyFamily
-from proxy.core.wire import Reason
 
 
 class Slot:
@@ -281,7 +282,7 @@ class Scheduler:
         result = waiter.result
         if isinstance(result, Admit):
             return Slot(self, result.lease, None)
-        return Slot(self, None, Reject(Reason.DEADLINE_EXPIRED, None, "the deadline passed while queued"))
+        return Slot(self, None, deadline_expired(ExpiredAt.QUEUED))
 
     def _abandon(self, ticket: Ticket, waiter: _Waiter) -> None:
         """The waiting task is leaving by an exception (cancelled): leave nothing behind."""
