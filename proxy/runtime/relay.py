@@ -140,9 +140,15 @@ async def forward(
         return complete(Forwarded(outcome, status, service_ms, observed))
 
     try:
-        if not scoped:
+        if not scoped:  # ended at `bound` by the pool where it can (no scope per request), else by one scope
             bound = cap if deadline is None else min(deadline, cap)
-            return await _bounded(pool, upstream, bound, request, headers, body, sink, extra_headers, finished)
+            bounds = getattr(pool, "bounds_deadlines", None)
+            if bounds is not None and bounds(upstream):
+                return await _exchange(
+                    pool, upstream, request, headers, body, sink, extra_headers, finished, deadline=bound
+                )
+            with trio.fail_at(bound):
+                return await _exchange(pool, upstream, request, headers, body, sink, extra_headers, finished)
         elif deadline is not None and deadline <= cap:
             # The caller's deadline scope already ends it first (the usual case: class
             # budgets are seconds, upstream caps minutes); a second scope costs ~9 us.
@@ -167,15 +173,6 @@ async def forward(
             return complete(_cut(upstream, request, str(exc), started))
         message = f"upstream {upstream} failed: {exc}"
         return await _answer(sink, complete, Outcome.ERROR, Reject(wire.Reason.UPSTREAM_UNAVAILABLE, None, message))
-
-
-async def _bounded(pool, upstream, bound, *args) -> Forwarded:
-    """The exchange, ended at `bound` by the pool where it can (no scope per request), else by one scope."""
-    bounds = getattr(pool, "bounds_deadlines", None)
-    if bounds is not None and bounds(upstream):
-        return await _exchange(pool, upstream, *args, deadline=bound)
-    with trio.fail_at(bound):
-        return await _exchange(pool, upstream, *args)
 
 
 async def _exchange(

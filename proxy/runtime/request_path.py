@@ -64,7 +64,7 @@ from proxy.http.pool import UpstreamPool
 from proxy.http.ratelog import RateLimitedLog
 from proxy.metrics import Metrics
 from proxy.policy.schema import Policy
-from proxy.runtime import edge, grpc_answers
+from proxy.runtime import edge, grpc_answers, relay
 from proxy.runtime.batcher import Batcher
 from proxy.runtime.classify import classify
 from proxy.runtime.dedup import Deduplicator, Follower, Leader, LeaderHandle, Replay, answer, events_of
@@ -284,10 +284,14 @@ class RequestPath:
                 slot.done(r.outcome, r.service_ms, r.observed)
 
         try:
-            # The batcher forwards it alone (relay.forward) unless its route batches (proxy/runtime/batcher.py).
-            result = await p.batcher.forward(
-                p.pool, upstream, timeout_s, request, body, sink, extra, ticket, release, scoped=scoped
-            )
+            if scoped:  # the batcher forwards it alone (relay.forward) unless its route batches (runtime/batcher.py)
+                result = await p.batcher.forward(
+                    p.pool, upstream, timeout_s, request, body, sink, extra, ticket, release, scoped=True
+                )
+            else:  # execute's fast path: not a batching route (Batcher.batches), one coroutine layer fewer
+                result = await relay.forward(
+                    p.pool, upstream, timeout_s, request, body, sink, extra, ticket.deadline, release, scoped=False
+                )
         except (UpstreamTimeout, trio.TooSlowError) as exc:  # unscoped only: the deadline passed mid-stream
             if not slot.released:
                 slot.cut()
