@@ -495,7 +495,7 @@ class Metrics:
                 continue
             metric = spec.kind(PREFIX + spec.name, spec.help, spec.labels, **kwargs)
             setattr(self, spec.attr, metric)
-        self.registry.register(_Folded(tallies))  # type: ignore[arg-type]
+        self.registry.register(_Folded(tallies))
 
     def upstream(self, index: int) -> str:
         """The `upstream` label of the policy's upstream number `index`."""

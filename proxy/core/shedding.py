@@ -253,9 +253,8 @@ def deadline_unmeetable(shedder: Shedder | None, verdict: dl.Unmeetable | None) 
     core/admission.py arrive). Retry-After only where waiting would help, jittered by the shedder."""
     if verdict is None:
         return _NO_TIME_TO_WAIT
-    retry = verdict.retry_after_ms
-    if retry is not None and shedder is not None:
-        retry = shedder.retry_after(retry)
+    wait_ms = verdict.retry_after_ms
+    retry = None if wait_ms is None or shedder is None else shedder.retry_after(wait_ms)
     return Reject(Reason.DEADLINE_UNMEETABLE, retry, _unmeetable_message(verdict))
 
 
