@@ -48,6 +48,7 @@ client's retry, and its lease ends when the server is really done.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -85,6 +86,11 @@ _NOT_SERVED = (
     b'{"error": {"type": "invalid_request_error", "code": "not_found", '
     b'"message": "this path is not served here (listen.served_paths)"}}'
 )
+
+
+@functools.lru_cache(maxsize=4096)  # (policy route, cost bucket 0-40): bounded by the policy, not by callers
+def _hint_key(key: tuple[str, int]) -> bytes:
+    return wire.hint_key(*key)
 
 
 class ResponseAborted(ResponseCut):
@@ -266,11 +272,12 @@ class RequestPath:
         now = trio.current_time()
         queue_ms = slot.queue_ms
         edge.note_admitted(slot.upstream, queue_ms)
-        hint = p.observatory.timeout_hint_ms(ticket, now, slot.service_ms + queue_ms)
+        key = service_key(ticket)  # once: the hint, its key header and the latency windows
+        hint = p.observatory.timeout_hint_ms(ticket, now, slot.service_ms + queue_ms, key)
         extra = [
             (_QUEUE_MS, b"%d" % queue_ms),
             (_HINT_MS, b"%d" % hint),
-            (_HINT_KEY, wire.hint_key(*service_key(ticket))),
+            (_HINT_KEY, _hint_key(key)),
         ]
         upstream = slot.upstream
         timeout_s = p.policy.upstreams[upstream].timeout_s
@@ -310,7 +317,7 @@ class RequestPath:
         if result.cut:
             raise ResponseCut("the upstream failed mid-response")  # relay logged it
         done_at = trio.current_time()
-        p.observatory.record(ticket, queue_ms, result.service_ms, done_at)
+        p.observatory.record(ticket, queue_ms, result.service_ms, done_at, key)
         if result.reason is not None:
             self._count_rejection(ticket.klass, result.reason)
         elif 200 <= result.status < 300 and done_at <= ticket.deadline:
