@@ -320,6 +320,8 @@ class AdmissionController:
 
     def _settle(self, now: float) -> bool:
         """End the phantoms that are due; True when any did (room freed)."""
+        if not self.phantoms:  # the usual case, on every event: no list built
+            return False
         ended = self.phantoms.due(now)
         for p in ended:
             self._end_phantom(p)
