@@ -44,7 +44,7 @@ from pathlib import Path
 import httpx
 
 from bench.common import parse_args, pin, target, write_result
-from proxy import demo_scenario as demo
+from proxy.testing import demo_scenario as demo
 from proxy.testing import scheduling as sc
 from proxy.testing.procs import Proc
 

@@ -57,6 +57,7 @@ class Reason(enum.StrEnum):
     """Why the sidecar answered instead of the model server."""
 
     QUEUE_FULL = "queue_full"
+    CLASS_QUEUE_FULL = "class_queue_full"
     DEADLINE_UNMEETABLE = "deadline_unmeetable"
     DEADLINE_EXPIRED = "deadline_expired"
     OVERLOADED = "overloaded"
@@ -74,6 +75,7 @@ class Reason(enum.StrEnum):
 
 STATUS_FOR_REASON: dict[Reason, int] = {
     Reason.QUEUE_FULL: 503,
+    Reason.CLASS_QUEUE_FULL: 503,
     Reason.DEADLINE_UNMEETABLE: 503,
     Reason.DEADLINE_EXPIRED: 504,
     Reason.OVERLOADED: 503,
@@ -95,6 +97,7 @@ STATUS_FOR_REASON: dict[Reason, int] = {
 RETRYABLE_REASONS = frozenset(
     {
         Reason.QUEUE_FULL,
+        Reason.CLASS_QUEUE_FULL,
         Reason.DEADLINE_UNMEETABLE,
         Reason.OVERLOADED,
         Reason.GPU_PRESSURE,

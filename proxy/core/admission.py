@@ -13,9 +13,11 @@ Theory of operation (decide under bookkeeping, act outside): every method takes
   waiting, the ticket is placed at once if some upstream has room. Otherwise it joins its
   class queue and a dispatch round runs (it may still be first in line, or fit a
   reserved slot); if it is still waiting and its class is over
-  `max_queue_length`, it leaves again with Reject(QUEUE_FULL). One that would
-  have to wait but is already past its expiry time (it cannot afford any wait)
-  leaves with Reject(DEADLINE_UNMEETABLE).
+  `max_queue_length`, it leaves again with Reject(CLASS_QUEUE_FULL) (the shedding
+  rules' queue_full is a different cap: shedding.max_queued_requests over the classes
+  at or above it). One that would have to wait but is already past its expiry time
+  (it cannot afford any wait) leaves with DEADLINE_UNMEETABLE, built where that
+  reason always is (core/shedding.py deadline_unmeetable).
 - Dequeue: every admission tells the gate (`gate.dequeued`: CoDel sees each queue wait
   where it ends), and the lease carries `service_ms`: the arrival's figure for a ticket
   admitted at once, a fresh one for a queued ticket (floors may have risen while it
@@ -76,18 +78,21 @@ from proxy.core.decisions import (
     Admit,
     Enqueue,
     Expired,
+    ExpiredAt,
     Lease,
     LeaseError,
     Observed,
     Outcome,
     Reject,
     Ticket,
+    deadline_expired,
 )
 from proxy.core.limits import make_limit
 from proxy.core.load import LoadEstimator
 from proxy.core.phantoms import STOPS, CancelHabit, Phantoms
 from proxy.core.quantiles import LatencyFamily, cost_bucket
 from proxy.core.service_model import ServiceModels
+from proxy.core.shedding import deadline_unmeetable
 from proxy.core.sjf import Entry
 from proxy.core.waitline import Waitline
 from proxy.core.wire import Reason
@@ -117,7 +122,7 @@ class Gate(Protocol):
 
 _NOTHING_OBSERVED = Observed()
 # A ticket that would have to queue but cannot afford any wait (now >= its expiry time).
-_NO_TIME_TO_WAIT = Reject(Reason.DEADLINE_UNMEETABLE, None, "the deadline leaves no time to wait for a slot")
+_NO_TIME_TO_WAIT = deadline_unmeetable(None, None)
 
 
 class AdmissionController:
@@ -196,7 +201,7 @@ class AdmissionController:
         if line.get(ticket.id) is not None:
             raise ValueError(f"ticket {ticket.id} is already queued")
         if now >= ticket.deadline:
-            return self._reject(Reject(Reason.DEADLINE_EXPIRED, None, "the deadline passed before admission"))
+            return self._reject(deadline_expired(ExpiredAt.ARRIVAL))
         load = self._load
         service_ms = self.service_ms(ticket, now)
         if self.gate is not None:
@@ -229,7 +234,8 @@ class AdmissionController:
             self._remove(entry)
             back_ms = load.expected_wait_ms(ticket.klass, float("inf"), now)
             retry_ms = default_retry_after(back_ms) if self.gate is None else self.gate.retry_after(back_ms)
-            return self._reject(Reject(Reason.QUEUE_FULL, retry_ms, f"the {ticket.klass} queue is full"))
+            message = f"the {ticket.klass} queue is at its max_queue_length"
+            return self._reject(Reject(Reason.CLASS_QUEUE_FULL, retry_ms, message))
         load.accepted(ticket, now)  # accepted work only: it is what takes slots
         wait = load.expected_wait_ms(ticket.klass, ticket.expected_ms, now, exclude=entry)
         return Enqueue(ticket, line.depth(ticket.klass), wait, expires_at)
@@ -314,6 +320,8 @@ class AdmissionController:
 
     def _settle(self, now: float) -> bool:
         """End the phantoms that are due; True when any did (room freed)."""
+        if not self.phantoms:  # the usual case, on every event: no list built
+            return False
         ended = self.phantoms.due(now)
         for p in ended:
             self._end_phantom(p)

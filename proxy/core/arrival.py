@@ -62,11 +62,18 @@ class ArrivalGate:
         self.gpu_memory_fraction = 0.0  # fed by the GPU sampler / upstream metrics, in [0, 1]
 
     def __call__(self, ticket: Ticket, now: float, load: LoadEstimator, service_ms: float) -> Reject | None:
-        snap = load.snapshot(now, self.ranked, self.gpu_memory_fraction)
+        rank = self._rank[ticket.klass]
+        gpu = self.gpu_memory_fraction
+        # Fast path: nothing queued and room under the limit, the usual case: no snapshot unless a
+        # rule might shed (Shedder.passes_quiet), only the quota and the deadline left to judge.
+        if load.quiet() and self.shedder.passes_quiet(rank, now, gpu, *load.service_quantiles(now)):
+            snap = None
+        else:
+            snap = load.snapshot(now, self.ranked, gpu)
         return arrival_verdict(
             self.shedder,
             snap,
-            self._rank[ticket.klass],
+            rank,
             now,
             self.deadline_verdict(ticket, now, load, service_ms),
             self._on_unmeetable[ticket.klass],

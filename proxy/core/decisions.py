@@ -92,6 +92,22 @@ class Expired:
     reason: Reason = Reason.DEADLINE_EXPIRED
 
 
+class ExpiredAt(enum.Enum):
+    """Where a request's deadline was found passed: the one rule of 504 deadline_expired, at three stages."""
+
+    ARRIVAL = "the deadline passed before admission"  # core/admission.py arrive
+    QUEUED = "the deadline passed while queued"  # runtime/scheduler.py, from the controller's Expired
+    UPSTREAM = "the request's deadline passed"  # runtime/relay.py (the pool ended it), request_path.py (the scope)
+
+
+_EXPIRED = {stage: Reject(Reason.DEADLINE_EXPIRED, None, stage.value) for stage in ExpiredAt}
+
+
+def deadline_expired(stage: ExpiredAt) -> Reject:
+    """The producer of Reason.DEADLINE_EXPIRED (504, no Retry-After: the same request cannot succeed)."""
+    return _EXPIRED[stage]
+
+
 @dataclass(frozen=True, slots=True)
 class Observed:
     """What the upstream reported it used (OpenAI `usage`), when it did."""

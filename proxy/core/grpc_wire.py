@@ -57,6 +57,7 @@ class Code(enum.IntEnum):
 # DEADLINE_EXCEEDED is for a budget that cannot be met or has passed.
 STATUS_FOR_REASON: dict[wire.Reason, Code] = {
     wire.Reason.QUEUE_FULL: Code.UNAVAILABLE,
+    wire.Reason.CLASS_QUEUE_FULL: Code.UNAVAILABLE,
     wire.Reason.OVERLOADED: Code.UNAVAILABLE,
     wire.Reason.GPU_PRESSURE: Code.UNAVAILABLE,
     wire.Reason.NOT_READY: Code.UNAVAILABLE,

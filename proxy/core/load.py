@@ -151,6 +151,21 @@ class LoadEstimator:
         rho = min(MAX_RHO, work_ms_per_s / 1000.0 / max(1, sum(self.capacity.requests)))
         return 1.0 / (1.0 - rho)
 
+    def quiet(self) -> bool:
+        """Nothing queued and the requests in flight below the limit: no load rule can shed an
+        arrival (queue_length needs one queued ahead, saturation in-flight at the limit), so the
+        arrival gate skips the snapshot (proxy/core/arrival.py ArrivalGate.__call__)."""
+        if len(self.waitline):
+            return False
+        cap = self.capacity
+        limit = sum(cap.limit(i) for i in range(len(cap)))
+        return limit <= 0 or sum(cap.requests) < limit
+
+    def service_quantiles(self, now: float) -> tuple[float, float]:
+        """(p50, p99) of completed requests' service time (0 when unknown): the CoDel scale."""
+        times = self.service_times
+        return times.quantile(0.5, now) or 0.0, times.quantile(0.99, now) or 0.0
+
     def snapshot(self, now: float, ranked: tuple[str, ...], gpu_memory_fraction: float = 0.0) -> LoadSnapshot:
         """What the shedding rules read, per arrival: O(classes + upstreams), no dicts."""
         queues = self.waitline.queues

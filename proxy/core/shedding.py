@@ -175,6 +175,24 @@ class Shedder:
                 return self._reject(Reason.OVERLOADED, "requests are queueing too long", ahead, snap)
         return None
 
+    def passes_quiet(self, rank: int, now: float, gpu_memory_fraction: float, p50_ms: float, p99_ms: float) -> bool:
+        """`check` for an arrival that finds nothing queued and room under the limit (the caller
+        knows: LoadEstimator.quiet), without a snapshot: True when no rule sheds it, False when
+        one might (the caller then runs `check` on a full snapshot, which gives the same verdict:
+        what this did to the CoDels, retune and a zero wait observed, `check` repeats idempotently).
+        With nothing queued the queue_length rule needs ahead >= 1 and saturation in-flight at the
+        limit, so neither can fire; the GPU rule and a dropping CoDel can."""
+        codels = self.codels
+        if codels is not None:
+            if (p50_ms, p99_ms) != self._scale:
+                self._retune(LoadSnapshot((), service_p50_ms=p50_ms, service_p99_ms=p99_ms), now)
+            for codel in codels:
+                codel.observe(0.0, now)
+            for k in range(rank + 1):
+                if codels[k].dropping:
+                    return False
+        return self._gpu_cap is None or gpu_memory_fraction < self._gpu_cap[rank]
+
     @staticmethod
     def _saturated(snap: LoadSnapshot, growth_cap: float) -> bool:
         if snap.limit <= 0 or snap.inflight < snap.limit or snap.queue_growth_per_s <= 0:
@@ -201,7 +219,7 @@ class Shedder:
 
 def arrival_verdict(
     shedder: Shedder,
-    snap: LoadSnapshot,
+    snap: LoadSnapshot | None,
     rank: int,
     now: float,
     deadline: dl.Meetable | dl.Unmeetable,
@@ -210,20 +228,34 @@ def arrival_verdict(
     tenant: bytes = b"",
     cost: float = 1,
 ) -> Reject | None:
-    """The whole arrival gate: tenant quota, load rules, deadline. None: enqueue it."""
+    """The whole arrival gate: tenant quota, load rules, deadline. None: enqueue it. `snap` None:
+    the load rules were found to pass already (`Shedder.passes_quiet`)."""
     if tenants is not None:
         wait_s = tenants.take(tenant, now, cost)
         if wait_s:
             retry = shedder.retry_after(wait_s * 1000.0)
             return Reject(Reason.TENANT_QUOTA, retry, "this tenant is over its request quota")
     in_time = isinstance(deadline, dl.Meetable) and math.isfinite(deadline.completion)
-    verdict = shedder.check(snap, rank, now, in_time)
+    verdict = None if snap is None else shedder.check(snap, rank, now, in_time)
     if verdict is None and isinstance(deadline, dl.Unmeetable) and on_unmeetable == "reject":
-        unmeetable_retry = None if deadline.retry_after_ms is None else shedder.retry_after(deadline.retry_after_ms)
-        verdict = Reject(Reason.DEADLINE_UNMEETABLE, unmeetable_retry, _unmeetable_message(deadline))
+        verdict = deadline_unmeetable(shedder, deadline)
     if verdict is not None and tenants is not None:
         tenants.refund(tenant, cost)
     return verdict
+
+
+_NO_TIME_TO_WAIT = Reject(Reason.DEADLINE_UNMEETABLE, None, "the deadline leaves no time to wait for a slot")
+
+
+def deadline_unmeetable(shedder: Shedder | None, verdict: dl.Unmeetable | None) -> Reject:
+    """The producer of Reason.DEADLINE_UNMEETABLE: the deadline rule's verdict at arrival, or (None)
+    a ticket the rule let through that must queue but whose expiry has come (no time to wait at all,
+    core/admission.py arrive). Retry-After only where waiting would help, jittered by the shedder."""
+    if verdict is None:
+        return _NO_TIME_TO_WAIT
+    wait_ms = verdict.retry_after_ms
+    retry = None if wait_ms is None or shedder is None else shedder.retry_after(wait_ms)
+    return Reject(Reason.DEADLINE_UNMEETABLE, retry, _unmeetable_message(verdict))
 
 
 def _unmeetable_message(verdict: dl.Unmeetable) -> str:

@@ -65,18 +65,23 @@ MAX_IDEMPOTENCY_KEY_LEN = 255
 
 
 class Reason(enum.StrEnum):
-    """Why the sidecar answered instead of the model server; each comment names who decides it."""
+    """Why the sidecar answered instead of the model server. Each reason has one producer, the
+    module (and function) that builds its `Reject`, named in its comment; one rule per reason."""
 
-    # core/shedding.py Shedder (shedding.max_queued over the classes at or above it), and
-    # core/admission.py arrive (the class's own max_queue_length).
+    # core/shedding.py Shedder.check: the queue_length rule (shedding.max_queued_requests over
+    # the classes at or above this one, scaled to the class's share).
     QUEUE_FULL = "queue_full"
-    # core/shedding.py arrival_verdict (the deadline rule at arrival), and core/admission.py
-    # arrive (it would have to queue but its expiry has come: no time to wait at all).
+    # core/admission.py AdmissionController.arrive: the class's own queue is over its
+    # classes.<name>.max_queue_length (a per-class cap, a different rule from queue_full's).
+    CLASS_QUEUE_FULL = "class_queue_full"
+    # core/shedding.py deadline_unmeetable: the deadline rule at arrival (arrival_verdict), and
+    # the controller's call when a ticket must queue but its expiry has come (no time to wait).
     DEADLINE_UNMEETABLE = "deadline_unmeetable"
-    # core/admission.py (past at arrival; expired or too late while queued, which
-    # runtime/scheduler.py answers); runtime/request_path.py and relay.py (it passed upstream).
+    # core/decisions.py deadline_expired(stage): before admission (core/admission.py arrive),
+    # while queued (runtime/scheduler.py, from the controller's Expired), or upstream
+    # (runtime/relay.py when the pool ended the exchange, runtime/request_path.py when the scope did).
     DEADLINE_EXPIRED = "deadline_expired"
-    OVERLOADED = "overloaded"  # core/shedding.py (CoDel, saturation)
+    OVERLOADED = "overloaded"  # core/shedding.py Shedder.check (CoDel, saturation)
     GPU_PRESSURE = "gpu_pressure"  # core/shedding.py (gpu_memory_high_water)
     NOT_READY = "not_ready"  # runtime/request_path.py (readiness did not come in time)
     TENANT_QUOTA = "tenant_quota"  # core/shedding.py (core/token_bucket.py quotas)
@@ -91,6 +96,7 @@ class Reason(enum.StrEnum):
 
 STATUS_FOR_REASON: dict[Reason, int] = {
     Reason.QUEUE_FULL: 503,
+    Reason.CLASS_QUEUE_FULL: 503,
     Reason.DEADLINE_UNMEETABLE: 503,
     Reason.DEADLINE_EXPIRED: 504,
     Reason.OVERLOADED: 503,
@@ -110,6 +116,7 @@ STATUS_FOR_REASON: dict[Reason, int] = {
 RETRYABLE_REASONS = frozenset(
     {
         Reason.QUEUE_FULL,
+        Reason.CLASS_QUEUE_FULL,
         Reason.DEADLINE_UNMEETABLE,
         Reason.OVERLOADED,
         Reason.GPU_PRESSURE,

@@ -122,7 +122,7 @@ class ClassPolicy(Section, frozen=True):
         Meta(
             ge=0,
             le=1_000_000,
-            description="Requests that may wait; beyond it arrivals get 503 queue_full. 0: admit now or reject.",
+            description="Requests that may wait; beyond it arrivals get 503 class_queue_full. 0: admit now or reject.",
         ),
     ] = 256
     max_queue_wait_ms: Annotated[

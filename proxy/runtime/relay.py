@@ -54,7 +54,7 @@ import msgspec
 import trio
 
 from proxy.core import wire
-from proxy.core.decisions import Observed, Outcome
+from proxy.core.decisions import ExpiredAt, Observed, Outcome, Reject, deadline_expired
 from proxy.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from proxy.http import forward as fwd
 from proxy.http.messages import Headers, Request, ResponseSink, header_value
@@ -140,9 +140,15 @@ async def forward(
         return complete(Forwarded(outcome, status, service_ms, observed))
 
     try:
-        if not scoped:
+        if not scoped:  # ended at `bound` by the pool where it can (no scope per request), else by one scope
             bound = cap if deadline is None else min(deadline, cap)
-            return await _bounded(pool, upstream, bound, request, headers, body, sink, extra_headers, finished)
+            bounds = getattr(pool, "bounds_deadlines", None)
+            if bounds is not None and bounds(upstream):
+                return await _exchange(
+                    pool, upstream, request, headers, body, sink, extra_headers, finished, deadline=bound
+                )
+            with trio.fail_at(bound):
+                return await _exchange(pool, upstream, request, headers, body, sink, extra_headers, finished)
         elif deadline is not None and deadline <= cap:
             # The caller's deadline scope already ends it first (the usual case: class
             # budgets are seconds, upstream caps minutes); a second scope costs ~9 us.
@@ -156,27 +162,17 @@ async def forward(
                 raise  # the request path cuts the stream, as when its own scope fired
             return complete(_cut(upstream, request, f"took longer than {timeout_s:g}s", started))
         if deadline_passed:
-            message = "the request's deadline passed"
-            return await _answer(sink, complete, Outcome.CANCELLED, wire.Reason.DEADLINE_EXPIRED, message)
+            return await _answer(sink, complete, Outcome.CANCELLED, deadline_expired(ExpiredAt.UPSTREAM))
         message = f"upstream {upstream} took longer than {timeout_s:g}s"
-        return await _answer(sink, complete, Outcome.DROPPED, wire.Reason.UPSTREAM_TIMEOUT, message)
+        return await _answer(sink, complete, Outcome.DROPPED, Reject(wire.Reason.UPSTREAM_TIMEOUT, None, message))
     except UpstreamConnectError as exc:
         message = f"upstream {upstream} unavailable: {exc}"
-        return await _answer(sink, complete, Outcome.REFUSED, wire.Reason.UPSTREAM_UNAVAILABLE, message)
+        return await _answer(sink, complete, Outcome.REFUSED, Reject(wire.Reason.UPSTREAM_UNAVAILABLE, None, message))
     except UpstreamError as exc:
         if sink.headers_sent or complete.result is not None:
             return complete(_cut(upstream, request, str(exc), started))
         message = f"upstream {upstream} failed: {exc}"
-        return await _answer(sink, complete, Outcome.ERROR, wire.Reason.UPSTREAM_UNAVAILABLE, message)
-
-
-async def _bounded(pool, upstream, bound, *args) -> Forwarded:
-    """The exchange, ended at `bound` by the pool where it can (no scope per request), else by one scope."""
-    bounds = getattr(pool, "bounds_deadlines", None)
-    if bounds is not None and bounds(upstream):
-        return await _exchange(pool, upstream, *args, deadline=bound)
-    with trio.fail_at(bound):
-        return await _exchange(pool, upstream, *args)
+        return await _answer(sink, complete, Outcome.ERROR, Reject(wire.Reason.UPSTREAM_UNAVAILABLE, None, message))
 
 
 async def _exchange(
@@ -217,11 +213,9 @@ def _cut(upstream: int, request: Request, why: str, started: float) -> Forwarded
     return Forwarded(Outcome.ERROR, 0, cut=True)
 
 
-async def _answer(
-    sink: ResponseSink, complete: _Completion, outcome: Outcome, reason: wire.Reason, message: str
-) -> Forwarded:
-    status, headers, body = wire.rejection(reason, message)
-    result = complete(Forwarded(outcome, status, reason=reason))
+async def _answer(sink: ResponseSink, complete: _Completion, outcome: Outcome, reject: Reject) -> Forwarded:
+    status, headers, body = reject.response()
+    result = complete(Forwarded(outcome, status, reason=reject.reason))
     await sink.respond(status, headers, body)
     return result
 

@@ -48,6 +48,7 @@ client's retry, and its lease ends when the server is really done.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -56,7 +57,7 @@ import trio
 
 from proxy.core import wire
 from proxy.core.arrival import service_key
-from proxy.core.decisions import Outcome, Reject, Ticket
+from proxy.core.decisions import ExpiredAt, Outcome, Reject, Ticket, deadline_expired
 from proxy.core.served_paths import ServedPaths
 from proxy.errors import ResponseCut, UpstreamTimeout
 from proxy.http.messages import Request, ResponseSink
@@ -64,7 +65,7 @@ from proxy.http.pool import UpstreamPool
 from proxy.http.ratelog import RateLimitedLog
 from proxy.metrics import Metrics
 from proxy.policy.schema import Policy
-from proxy.runtime import edge, grpc_answers
+from proxy.runtime import edge, grpc_answers, relay
 from proxy.runtime.batcher import Batcher
 from proxy.runtime.classify import classify
 from proxy.runtime.dedup import Deduplicator, Follower, Leader, LeaderHandle, Replay, answer, events_of
@@ -85,6 +86,11 @@ _NOT_SERVED = (
     b'{"error": {"type": "invalid_request_error", "code": "not_found", '
     b'"message": "this path is not served here (listen.served_paths)"}}'
 )
+
+
+@functools.lru_cache(maxsize=4096)  # (policy route, cost bucket 0-40): bounded by the policy, not by callers
+def _hint_key(key: tuple[str, int]) -> bytes:
+    return wire.hint_key(*key)
 
 
 class ResponseAborted(ResponseCut):
@@ -123,7 +129,9 @@ class RequestPath:
 
     def __init__(self, parts: Collaborators) -> None:
         self.nursery: trio.Nursery | None = None  # the app's: background dedup leaders run in it (App.run sets it)
-        self._rejections: dict[tuple[str, wire.Reason], Any] = {}  # prometheus children, bound once
+        self._rejections: dict[
+            tuple[str, wire.Reason], Any
+        ] = {}  # folded counters (proxy/metrics.py Tally), bound once
         self._goodput: dict[str, Any] = {}
         self.update(parts)
 
@@ -247,8 +255,7 @@ class RequestPath:
                     request,
                 )
                 raise ResponseAborted("deadline passed while the response was streaming")
-            expired = Reject(wire.Reason.DEADLINE_EXPIRED, None, "the request's deadline passed")
-            await self.reject(sink, expired, ticket.klass)
+            await self.reject(sink, deadline_expired(ExpiredAt.UPSTREAM), ticket.klass)
 
     async def _forward(
         self,
@@ -265,11 +272,12 @@ class RequestPath:
         now = trio.current_time()
         queue_ms = slot.queue_ms
         edge.note_admitted(slot.upstream, queue_ms)
-        hint = p.observatory.timeout_hint_ms(ticket, now, slot.service_ms + queue_ms)
+        key = service_key(ticket)  # once: the hint, its key header and the latency windows
+        hint = p.observatory.timeout_hint_ms(ticket, now, slot.service_ms + queue_ms, key)
         extra = [
             (_QUEUE_MS, b"%d" % queue_ms),
             (_HINT_MS, b"%d" % hint),
-            (_HINT_KEY, wire.hint_key(*service_key(ticket))),
+            (_HINT_KEY, _hint_key(key)),
         ]
         upstream = slot.upstream
         timeout_s = p.policy.upstreams[upstream].timeout_s
@@ -283,10 +291,14 @@ class RequestPath:
                 slot.done(r.outcome, r.service_ms, r.observed)
 
         try:
-            # The batcher forwards it alone (relay.forward) unless its route batches (proxy/runtime/batcher.py).
-            result = await p.batcher.forward(
-                p.pool, upstream, timeout_s, request, body, sink, extra, ticket, release, scoped=scoped
-            )
+            if scoped:  # the batcher forwards it alone (relay.forward) unless its route batches (runtime/batcher.py)
+                result = await p.batcher.forward(
+                    p.pool, upstream, timeout_s, request, body, sink, extra, ticket, release, scoped=True
+                )
+            else:  # execute's fast path: not a batching route (Batcher.batches), one coroutine layer fewer
+                result = await relay.forward(
+                    p.pool, upstream, timeout_s, request, body, sink, extra, ticket.deadline, release, scoped=False
+                )
         except (UpstreamTimeout, trio.TooSlowError) as exc:  # unscoped only: the deadline passed mid-stream
             if not slot.released:
                 slot.cut()
@@ -305,7 +317,7 @@ class RequestPath:
         if result.cut:
             raise ResponseCut("the upstream failed mid-response")  # relay logged it
         done_at = trio.current_time()
-        p.observatory.record(ticket, queue_ms, result.service_ms, done_at)
+        p.observatory.record(ticket, queue_ms, result.service_ms, done_at, key)
         if result.reason is not None:
             self._count_rejection(ticket.klass, result.reason)
         elif 200 <= result.status < 300 and done_at <= ticket.deadline:

@@ -52,15 +52,16 @@ from proxy.core.decisions import (
     Admit,
     Enqueue,
     Expired,
+    ExpiredAt,
     Lease,
     LeaseError,
     Observed,
     Outcome,
     Reject,
     Ticket,
+    deadline_expired,
 )
 from proxy.core.quantiles import LatencyFamily
-from proxy.core.wire import Reason
 
 
 class Slot:
@@ -281,7 +282,7 @@ class Scheduler:
         result = waiter.result
         if isinstance(result, Admit):
             return Slot(self, result.lease, None)
-        return Slot(self, None, Reject(Reason.DEADLINE_EXPIRED, None, "the deadline passed while queued"))
+        return Slot(self, None, deadline_expired(ExpiredAt.QUEUED))
 
     def _abandon(self, ticket: Ticket, waiter: _Waiter) -> None:
         """The waiting task is leaving by an exception (cancelled): leave nothing behind."""
@@ -327,8 +328,9 @@ class _Instruments:
     """The admission metrics (proxy/metrics.py SPECS), children bound once per label.
 
     Levels (queue depth, in-flight units, limit) are read from the controller at
-    scrape time (Gauge.set_function), so the request path pays only for the
-    counters and histograms it feeds.
+    scrape time (Gauge.set_function), and the per-request counters and histograms
+    (admitted, queue wait, estimate error) are folded ones (proxy/metrics.py `Tally`:
+    plain numbers), so admitting and releasing cost a few additions here.
     """
 
     def __init__(self, metrics, controller: AdmissionController) -> None:
@@ -336,6 +338,9 @@ class _Instruments:
         self._metrics = metrics
         self.unknown_priority = metrics.unknown_priority
         self._children: dict[tuple, object] = {}
+        self._per_class: dict[str, tuple] = {}  # class -> (admitted, queue_wait_seconds) children
+        self._service_error = metrics.cost_estimate_error_ratio.labels("service_time")
+        self._tokens_error = metrics.cost_estimate_error_ratio.labels("output_tokens")
         self._limits = [controller.capacity.limit(i) for i in range(controller.upstream_count)]
         self.everything()
 
@@ -349,8 +354,12 @@ class _Instruments:
     def admitted(self, admit: Admit) -> None:
         lease = admit.lease
         klass = lease.ticket.klass
-        self._child("admitted", klass).inc()
-        self._child("queue_wait_seconds", klass).observe(lease.queue_ms / 1000.0)
+        pair = self._per_class.get(klass)
+        if pair is None:
+            m = self._metrics
+            pair = self._per_class[klass] = (m.admitted.labels(klass), m.queue_wait_seconds.labels(klass))
+        pair[0].inc()
+        pair[1].observe(lease.queue_ms / 1000.0)
 
     def abandoned(self, klass: str) -> None:
         self._child("queue_abandoned", klass).inc()
@@ -364,11 +373,12 @@ class _Instruments:
 
     def released(self, lease: Lease, outcome: Outcome, rtt_ms: float | None, observed: Observed | None) -> None:
         self.limit_changes(lease.upstream)
-        if outcome is Outcome.SUCCESS and rtt_ms is not None and lease.ticket.expected_ms > 0:
-            self._child("cost_estimate_error_ratio", "service_time").observe(rtt_ms / lease.ticket.expected_ms)
-            estimated = lease.ticket.cost.output_tokens
+        ticket = lease.ticket
+        if outcome is Outcome.SUCCESS and rtt_ms is not None and ticket.expected_ms > 0:
+            self._service_error.observe(rtt_ms / ticket.expected_ms)
+            estimated = ticket.cost.output_tokens
             if observed is not None and observed.output_tokens is not None and estimated > 0:
-                self._child("cost_estimate_error_ratio", "output_tokens").observe(observed.output_tokens / estimated)
+                self._tokens_error.observe(observed.output_tokens / estimated)
 
     def everything(self) -> None:
         """(Re)bind the scrape-time levels; after a reload the class set may differ."""

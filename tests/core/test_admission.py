@@ -209,24 +209,25 @@ def test_reserved_slots_let_realtime_skip_the_wait_and_only_realtime():
     assert isinstance(ctl.arrive(ticket("realtime"), 0.0), Enqueue)  # reserve used up, pool held
 
 
-def test_queue_full_is_a_reject_with_retry_after():
+def test_a_full_class_queue_is_a_class_queue_full_reject_with_retry_after():
     classes = {**default_classes(), "interactive": ClassPolicy(max_queue_length=2)}
     ctl = controller(make_policy(1, classes=classes))
     ctl.arrive(ticket(), 0.0)
     assert isinstance(ctl.arrive(ticket(), 0.0), Enqueue) and isinstance(ctl.arrive(ticket(), 0.0), Enqueue)
     verdict = ctl.arrive(ticket(), 0.0)
-    assert isinstance(verdict, Reject) and verdict.reason is Reason.QUEUE_FULL
+    # The class's own max_queue_length: its own reason, not the shedding rules' queue_full.
+    assert isinstance(verdict, Reject) and verdict.reason is Reason.CLASS_QUEUE_FULL
     assert 500 <= verdict.retry_after_ms <= 60_000
     status, headers, _ = verdict.response()
-    assert status == 503 and (b"x-rampmeter-reason", b"queue_full") in headers
-    assert ctl.statistics()["counts"]["rejected"] == {"queue_full": 1} and ctl.depth("interactive") == 2
+    assert status == 503 and (b"x-rampmeter-reason", b"class_queue_full") in headers
+    assert ctl.statistics()["counts"]["rejected"] == {"class_queue_full": 1} and ctl.depth("interactive") == 2
 
 
 def test_zero_queue_length_means_admit_now_or_reject():
     classes = {**default_classes(), "interactive": ClassPolicy(max_queue_length=0)}
     ctl = controller(make_policy(1, classes=classes))
     assert isinstance(ctl.arrive(ticket(), 0.0), Admit)
-    assert ctl.arrive(ticket(), 0.0).reason is Reason.QUEUE_FULL
+    assert ctl.arrive(ticket(), 0.0).reason is Reason.CLASS_QUEUE_FULL
 
 
 def test_an_overdue_request_goes_before_every_class():

@@ -227,3 +227,22 @@ def test_fill_ratios_stay_in_bounds_and_empty_buckets_answer_the_route_ratio(sam
         assert 0.0 <= fill.ratio(requested) <= 1.0
     assert 0.0 <= fill.route <= 1.0 and all(0.0 <= r <= 1.0 for r in fill.statistics().values())
     assert fill.ratio(None) == fill.route and (asked or fill.ratio(64) == fill.route)
+
+
+def test_theta_is_solved_once_per_batch_past_warm_up_and_flushed_for_introspection():
+    from proxy.core.service_model import SOLVE_EVERY
+
+    m = ServiceModel(10.0, 0.0, 1.0, memory_samples=500, warmup_samples=4)
+    for _ in range(4):  # warm-up: every sample solves
+        m.observe(100, 100, 200.0)
+    warm = m.predict_ms(100, 100)
+    for _ in range(SOLVE_EVERY - 1):  # past warm-up: the sums move, theta waits for the batch
+        m.observe(100, 100, 400.0)
+    assert m.predict_ms(100, 100) == warm
+    m.observe(100, 100, 400.0)  # the batch's last sample solves
+    batched = m.predict_ms(100, 100)
+    assert batched > warm
+    m.observe(100, 100, 400.0)
+    assert m.predict_ms(100, 100) == batched  # pending again
+    assert m.coefficients[2] > 0  # introspection solves what is pending
+    assert m.predict_ms(100, 100) > batched

@@ -241,3 +241,59 @@ def test_gate_load_rules_before_deadline():
     shedder = make(max_queued=1, **ONLY_QUEUE)
     late = dl.check(0.0, 0.5, queue_wait=400.0, service=300.0)
     assert arrival_verdict(shedder, snap((2, 0, 0)), REALTIME, 0.0, late).reason is Reason.QUEUE_FULL
+
+
+@given(
+    st.lists(st.tuples(st.floats(0, 2_000), st.floats(0, 0.5)), max_size=40),
+    st.integers(0, 2),
+    st.floats(0, 1),
+    st.sampled_from([(0.0, 0.0), (20.0, 80.0), (400.0, 1500.0)]),
+)
+def test_the_quiet_fast_path_sheds_only_where_the_full_check_would(waits, rank, gpu, scale):
+    """passes_quiet (nothing queued, room under the limit) never lets through what `check` on the
+    same empty-queue snapshot would shed, and leaves the CoDels as `check` would."""
+    fast, full = make(), make()
+    now = 0.0
+    for wait_ms, dt in waits:  # the same history of dequeues into both
+        now += dt
+        fast.on_dequeue(wait_ms, rank, now)
+        full.on_dequeue(wait_ms, rank, now)
+    snap = LoadSnapshot((0, 0, 0), gpu_memory_fraction=gpu, service_p50_ms=scale[0], service_p99_ms=scale[1])
+    passed = fast.passes_quiet(rank, now, gpu, *scale)
+    verdict = full.check(snap, rank, now)
+    if passed:
+        assert verdict is None
+        assert [c.statistics() for c in fast.codels] == [c.statistics() for c in full.codels]
+    else:  # the caller falls back to check on a full snapshot: the same verdict as full's
+        assert fast.check(snap, rank, now) == verdict
+
+
+def test_the_gate_builds_no_snapshot_while_nothing_queues_and_the_limit_has_room(monkeypatch):
+    """issue 16 item 5: an arrival into an idle controller is judged without a LoadSnapshot; once
+    a request waits, the snapshot is back (the load rules can shed then)."""
+    import random
+
+    from proxy.core.admission import AdmissionController
+    from proxy.core.arrival import ArrivalGate
+    from proxy.core.decisions import Admit, Enqueue, Outcome
+    from proxy.core.load import LoadEstimator
+    from proxy.policy import shedding as shedding_policy
+    from proxy.policy.admission import Limits
+    from proxy.policy.schema import Policy, Upstream
+
+    policy = Policy(upstreams=[Upstream(url="http://u")], limits=Limits(kind="fixed", initial_limit=1, min_limit=1))
+    gate = ArrivalGate(policy, shedding_policy.shedder(policy.shedding, 3, random.Random(0)), None)
+    ctl = AdmissionController(policy, rng=random.Random(0), gate=gate)
+    snapshots = []
+    real = LoadEstimator.snapshot
+    monkeypatch.setattr(LoadEstimator, "snapshot", lambda *a: snapshots.append(a) or real(*a))
+
+    def arrive(now):
+        cost = ctl.estimate("/", b"{}")
+        return ctl.arrive(ctl.ticket("interactive", cost, now + 30.0, 30_000, now=now), now)
+
+    first = arrive(0.0)
+    assert isinstance(first, Admit) and snapshots == []  # quiet: no snapshot
+    assert isinstance(arrive(0.001), Enqueue) and len(snapshots) == 1  # the limit is full: a snapshot
+    ctl.release(first.lease, 0.01, Outcome.SUCCESS, 10.0)  # admits the queued one; the queue is empty again
+    assert isinstance(arrive(0.02), Enqueue) and len(snapshots) == 2  # no room: judged on a snapshot

@@ -185,7 +185,7 @@ async def test_concurrency_at_the_upstream_never_exceeds_the_limit(pod, start_si
     assert max(seen_sidecar) == 3, seen_sidecar
 
 
-async def test_full_class_queue_answers_503_queue_full_per_the_wire_contract(start_sidecar):
+async def test_full_class_queue_answers_503_class_queue_full_per_the_wire_contract(start_sidecar):
     proxy = start_sidecar(policy("sjf", limit=1, max_queue_length=2))
     async with httpx.AsyncClient(timeout=60) as client:
         url = proxy.url() + "/v1/chat/completions"
@@ -196,15 +196,15 @@ async def test_full_class_queue_answers_503_queue_full_per_the_wire_contract(sta
                 nursery.start_soon(partial(client.post, url, json=chat(2, f"q{i}")))
             await until(lambda: _stat(client, proxy, lambda a: a["queued"] == 2))
             resp = await client.post(url, json=chat(2, "one too many"))
-            rejected = await metric(client, proxy, 'rampmeter_rejections_total{class="chat",reason="queue_full"}')
+            rejected = await metric(client, proxy, 'rampmeter_rejections_total{class="chat",reason="class_queue_full"}')
             nursery.cancel_scope.cancel()  # the others need not finish
     assert resp.status_code == 503
-    assert resp.headers[wire.REASON] == "queue_full"
+    assert resp.headers[wire.REASON] == "class_queue_full"
     assert resp.headers["content-type"].startswith("application/json")
     retry_ms = int(resp.headers[wire.RETRY_AFTER_MS])
     assert int(resp.headers[wire.RETRY_AFTER]) * 1000 >= retry_ms > 0  # whole seconds, rounded up
     error = resp.json()["error"]
-    assert error["type"] == wire.ERROR_TYPE and error["code"] == "queue_full"
+    assert error["type"] == wire.ERROR_TYPE and error["code"] == "class_queue_full"
     assert error["retry_after_ms"] == retry_ms and error["message"]
     assert rejected == 1
 

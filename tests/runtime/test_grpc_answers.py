@@ -11,6 +11,7 @@ from proxy.runtime.grpc_answers import GrpcAnswers, for_request, reshape
 
 CODES = {
     wire.Reason.QUEUE_FULL: 14,
+    wire.Reason.CLASS_QUEUE_FULL: 14,
     wire.Reason.OVERLOADED: 14,
     wire.Reason.NOT_READY: 14,
     wire.Reason.DRAINING: 14,

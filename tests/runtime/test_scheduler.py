@@ -140,7 +140,7 @@ async def test_done_is_once_only_and_rejections_are_values(autojump_clock):
     s = scheduler(make_policy(1, classes=classes), Metrics(CollectorRegistry()))
     async with s.admit(ticket()) as slot:
         async with s.admit(ticket()) as rejected:
-            assert rejected.lease is None and rejected.rejection.reason is Reason.QUEUE_FULL
+            assert rejected.lease is None and rejected.rejection.reason is Reason.CLASS_QUEUE_FULL
             assert rejected.rejection.response()[0] == 503
             with pytest.raises(LeaseError):
                 rejected.done(Outcome.SUCCESS)
