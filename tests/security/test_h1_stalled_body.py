@@ -22,6 +22,7 @@ pytestmark = pytest.mark.integration
 MAX_CONNECTIONS = 128
 ATTACKERS = 2000
 ATTACK_DEADLINE_MS = 2000
+SETTLE_S = 10.0  # after the deadlines: far below body_timeout_s (30 s), so only the deadline can close them
 HEAD = (
     b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
     b'content-length: 100000\r\nx-request-timeout-ms: %d\r\n\r\n{"model": '
@@ -72,10 +73,19 @@ def test_stalled_bodies_are_answered_408_and_newcomers_are_still_served(tmp_path
             assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
             # By its own 1 s deadline, not by body_timeout_s (30 s): a backlog of attackers to accept may delay it.
             assert probe_s < 8.0, f"408 after {probe_s:.1f}s for a 1 s deadline"
-            outcomes = [answered(s) for s in attackers]
-            still_open = sum(1 for o in outcomes if o is None)
+            # Every deadline has passed; a sidecar on a shared core may still be working through the
+            # backlog of expiries, so read the sockets until each has its outcome, for at most SETTLE_S.
+            outcomes: dict[int, bytes] = {}
+            give_up = time.monotonic() + SETTLE_S
+            while len(outcomes) < ATTACKERS and time.monotonic() < give_up:
+                for i, sock in enumerate(attackers):
+                    if i not in outcomes and (o := answered(sock)) is not None:
+                        outcomes[i] = o
+                if len(outcomes) < ATTACKERS:
+                    time.sleep(0.2)
+            still_open = ATTACKERS - len(outcomes)
             assert still_open == 0, f"{still_open} of {ATTACKERS} stalled bodies still hold a connection"
-            spoken = [o for o in outcomes if o]
+            spoken = [o for o in outcomes.values() if o]
             assert spoken and all(o.startswith(b"HTTP/1.1 408 ") for o in spoken), {o[:40] for o in spoken}
         finally:
             for sock in attackers:
