@@ -42,20 +42,24 @@ def test_an_upstream_dying_mid_stream_logs_one_short_line_per_stream():
         # One answer first: a route with only its priors sends one request at a time (unjudged_in_flight).
         assert httpx.post(proc.url() + "/v1/chat/completions", json={**CHAT, "max_tokens": 1}, timeout=10).is_success
 
+        sending = threading.Semaphore(0)  # released once per stream, at its first bytes
+
         def stream() -> None:
             body = {**CHAT, "max_tokens": 500, "stream": True}
             try:
                 with httpx.stream("POST", proc.url() + "/v1/chat/completions", json=body, timeout=10) as resp:
                     assert resp.status_code == 200
-                    for _ in resp.iter_bytes():
-                        pass
+                    for i, _ in enumerate(resp.iter_bytes()):
+                        if i == 0:
+                            sending.release()
             except httpx.HTTPError as exc:
                 cut.append(repr(exc))
 
         threads = [threading.Thread(target=stream) for _ in range(STREAMS)]
         for thread in threads:
             thread.start()
-        time.sleep(1.5)  # every stream is sending tokens now
+        # Every stream is sending tokens before the pod dies (a fixed sleep was too short on a loaded machine).
+        assert all(sending.acquire(timeout=15) for _ in range(STREAMS))
         pod.popen.kill()
         for thread in threads:
             thread.join(15)
