@@ -148,6 +148,16 @@ def _tokens(value: bytes) -> set[bytes]:
     return {t.strip().lower() for t in value.split(b",")}
 
 
+def _keeps_alive(connection: bytes | None, version: str) -> bool:
+    """Whether a message with this `connection` field leaves the connection open (RFC 9112 9.3)."""
+    if connection is None:
+        return version == "1.1"
+    if connection == b"keep-alive":  # what nearly every upstream sends: no token split
+        return True
+    tokens = _tokens(connection)
+    return b"close" not in tokens if version == "1.1" else b"keep-alive" in tokens
+
+
 def _classify(reason: str, in_body: bool) -> FramingError:
     """llhttp's error reason -> status, metric kind and a short message."""
     if any(w in reason for w in _SMUGGLING):
@@ -189,7 +199,6 @@ class RequestParser:
         "_headers",
         "_hosts",
         "_in_body",
-        "_in_head",
         "_p",
         "_partial",
         "_size",
@@ -198,6 +207,7 @@ class RequestParser:
         "_url",
         "events",
         "failed",
+        "in_head",
         "max_header_bytes",
     )
 
@@ -206,7 +216,7 @@ class RequestParser:
         self.events: deque = deque()
         self.failed = False
         self._p = httptools.HttpRequestParser(self)
-        self._in_head = self._in_body = False
+        self.in_head = self._in_body = False  # in_head: a request head has begun and is not complete
         self._fresh = False  # a head began in the read being parsed
         self._partial = 0  # bytes of an incomplete head seen in reads after the one it began in
         self._reset()
@@ -222,11 +232,6 @@ class RequestParser:
         self._hosts: list[bytes] = []
         self._trailers = 0
 
-    @property
-    def in_head(self) -> bool:
-        """A request head has begun and is not complete."""
-        return self._in_head
-
     def feed(self, data: bytes) -> None:
         """Parse `data`; what it completes is appended to `events` (a FramingError last, if any)."""
         if self.failed:
@@ -237,7 +242,7 @@ class RequestParser:
         except FramingError as exc:
             self._fail(exc)
             return
-        if self._in_head:
+        if self.in_head:
             # The read a head begins in may hold earlier requests too: count only later reads.
             self._partial = 0 if self._fresh else self._partial + len(data)
             if self._partial > self.max_header_bytes:
@@ -265,7 +270,7 @@ class RequestParser:
 
     # --- llhttp callbacks ---
     def on_message_begin(self) -> None:
-        self._in_head = self._fresh = True
+        self.in_head = self._fresh = True
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -292,7 +297,7 @@ class RequestParser:
                 self._expect = value
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
+        self.in_head = False
         head = self._head()
         self._in_body = True
         self.events.append(head)
@@ -329,12 +334,8 @@ class RequestParser:
             length = None
         else:
             length = int(self._cl) if self._cl is not None else 0  # llhttp checked the digits
-        if version == "1.1":
-            keep_alive = self._connection is None or b"close" not in _tokens(self._connection)
-            expect = self._expect is not None and self._expect.strip().lower() == b"100-continue"
-        else:
-            keep_alive = self._connection is not None and b"keep-alive" in _tokens(self._connection)
-            expect = False
+        keep_alive = _keeps_alive(self._connection, version)
+        expect = version == "1.1" and self._expect is not None and self._expect.strip().lower() == b"100-continue"
         target = self._url
         asterisk = False
         if target[:1] != b"/":
@@ -395,6 +396,7 @@ class ResponseParser:
         self.max_header_bytes = max_header_bytes
         self._p = httptools.HttpResponseParser(self)
         self.body: deque[bytes] = deque()
+        self._begin()
         self.expect(b"GET")
 
     def expect(self, method: bytes) -> None:
@@ -406,7 +408,7 @@ class ResponseParser:
         self.error: str | None = None
         self.body.clear()
         self._partial = 0
-        self._begin()
+        # The head's fields are reset by on_message_begin, which comes first for every response.
 
     def _begin(self) -> None:
         self._headers: Headers = []
@@ -455,7 +457,9 @@ class ResponseParser:
         if self.complete:
             self.trailing = True
             raise _Stop
-        self._begin()
+        self._headers = []  # _begin(), inline: once per response
+        self._size = 0
+        self._cl = self._te = self._connection = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.head is not None:
@@ -490,8 +494,7 @@ class ResponseParser:
             framing, length = "chunked", None
         else:
             framing = "length" if length is not None else "close"
-        tokens = _tokens(self._connection) if self._connection is not None else ()
-        keep_alive = b"close" not in tokens if version == "1.1" else b"keep-alive" in tokens
+        keep_alive = _keeps_alive(self._connection, version)
         self.head = ResponseHead(status, version, self._headers, framing, length, keep_alive and framing != "close")
         if self._head_request:
             # llhttp cannot be told a response has no body (its framing fields describe the GET it
