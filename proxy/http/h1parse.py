@@ -148,6 +148,11 @@ def _tokens(value: bytes) -> set[bytes]:
     return {t.strip().lower() for t in value.split(b",")}
 
 
+def _head_size(headers: Headers) -> int:
+    """A head's fields counted as on the wire (name, ": ", value, CRLF)."""
+    return sum([len(k) + len(v) + 4 for k, v in headers])
+
+
 def _keeps_alive(connection: bytes | None, version: str) -> bool:
     """Whether a message with this `connection` field leaves the connection open (RFC 9112 9.3)."""
     if connection is None:
@@ -201,7 +206,8 @@ class RequestParser:
         "_in_body",
         "_p",
         "_partial",
-        "_size",
+        "_head_reads",
+        "_span",
         "_te",
         "_trailers",
         "_url",
@@ -219,12 +225,13 @@ class RequestParser:
         self.in_head = self._in_body = False  # in_head: a request head has begun and is not complete
         self._fresh = False  # a head began in the read being parsed
         self._partial = 0  # bytes of an incomplete head seen in reads after the one it began in
+        self._span = 0  # length of the read being parsed
+        self._head_reads = 0  # lengths of the reads the current head came in (an upper bound of its size)
         self._reset()
 
     def _reset(self) -> None:
         self._url = b""
         self._headers: Headers = []
-        self._size = 0
         self._cl: bytes | None = None
         self._te: bytes | None = None
         self._connection: bytes | None = None
@@ -237,6 +244,9 @@ class RequestParser:
         if self.failed:
             return
         self._fresh = False
+        self._span = len(data)
+        if self.in_head:
+            self._head_reads += len(data)
         try:
             self._execute(data)
         except FramingError as exc:
@@ -271,6 +281,7 @@ class RequestParser:
     # --- llhttp callbacks ---
     def on_message_begin(self) -> None:
         self.in_head = self._fresh = True
+        self._head_reads = self._span
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -283,7 +294,6 @@ class RequestParser:
             return
         name = name.lower()
         self._headers.append((name, value))
-        self._size += len(name) + len(value) + 4
         if name in _SPECIAL:
             if name == _CONTENT_LENGTH:
                 self._cl = value
@@ -318,7 +328,12 @@ class RequestParser:
             if version.startswith("0."):
                 raise FramingError(400, "h1_bad_head", "malformed request line: no HTTP/1.x version")
             raise FramingError(505, "h1_bad_version", f"HTTP/{version} is not supported")
-        if self._size + len(self._url) > self.max_header_bytes:
+        # The head's size is counted only when the bytes it came in could exceed the limit: a head
+        # is never longer than the reads it arrived in (`_head_reads`), and nearly always they are short.
+        if (
+            self._head_reads > self.max_header_bytes
+            and _head_size(self._headers) + len(self._url) > self.max_header_bytes
+        ):
             raise FramingError(431, "h1_header_too_large", "request head too large")
         method = p.get_method()
         headers = self._headers
@@ -382,7 +397,7 @@ class ResponseParser:
         "_headers",
         "_p",
         "_partial",
-        "_size",
+        "_span",
         "_te",
         "body",
         "complete",
@@ -412,7 +427,7 @@ class ResponseParser:
 
     def _begin(self) -> None:
         self._headers: Headers = []
-        self._size = 0
+        self._span = 0
         self._cl: bytes | None = None
         self._te: bytes | None = None
         self._connection: bytes | None = None
@@ -420,6 +435,7 @@ class ResponseParser:
     def feed(self, data: bytes) -> None:
         if self.error is not None or self.trailing:
             return
+        self._span = len(data)
         try:
             self._p.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -458,7 +474,6 @@ class ResponseParser:
             self.trailing = True
             raise _Stop
         self._headers = []  # _begin(), inline: once per response
-        self._size = 0
         self._cl = self._te = self._connection = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -466,9 +481,6 @@ class ResponseParser:
             return  # trailer fields: dropped (llhttp bounds nothing here, the read size does)
         name = name.lower()
         self._headers.append((name, value))
-        self._size += len(name) + len(value) + 4
-        if self._size > self.max_header_bytes:
-            raise FramingError(502, "upstream", f"response head larger than {self.max_header_bytes} bytes")
         if name in _SPECIAL:
             if name == _CONTENT_LENGTH:
                 self._cl = value
@@ -484,6 +496,9 @@ class ResponseParser:
             raise FramingError(502, "upstream", f"invalid status {status}")
         if status < 200:
             return  # 1xx: skipped, llhttp completes it without a body
+        # Counted only when the reads it came in could hold more than the limit (as for requests).
+        if self._partial + self._span > self.max_header_bytes and _head_size(self._headers) > self.max_header_bytes:
+            raise FramingError(502, "upstream", f"response head larger than {self.max_header_bytes} bytes")
         version = p.get_http_version()
         if self._te is not None and self._te.strip().lower() != b"chunked":
             raise FramingError(502, "upstream", "transfer-encoding other than chunked")
