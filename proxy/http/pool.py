@@ -21,6 +21,11 @@ closed and the caller gets UpstreamTimeout; a wait for a connection slot, the on
 wait that is not on a connection, gets a real scope, only when it happens. h2c
 exchanges are not bounded here (`bounds_deadlines()` is False): their caller
 keeps a scope.
+The common HTTP/1.1 case (a slot free, a pooled connection fit to reuse) runs in
+`_H1Upstream.start` itself, deadline armed inline: one coroutine layer for the
+whole upstream exchange, since every layer is created per request and resumed at
+each of its waits; a new connection and the one retry go through `_exchange` and
+`_retry`.
 Exchanges are full duplex: a request body over 64 KiB, or streamed, is sent by a
 task in the pool's nursery while the caller reads the response (an upstream that
 echoes as it reads cannot deadlock us); the connection modules own that task and
