@@ -395,6 +395,7 @@ class ResponseParser:
         "_connection",
         "_head_request",
         "_headers",
+        "_lead",
         "_p",
         "_partial",
         "_span",
@@ -423,6 +424,7 @@ class ResponseParser:
         self.error: str | None = None
         self.body.clear()
         self._partial = 0
+        self._lead: bytes | None = None  # the first 9 bytes of the response, once read
         # The head's fields are reset by on_message_begin, which comes first for every response.
 
     def _begin(self) -> None:
@@ -436,6 +438,8 @@ class ResponseParser:
         if self.error is not None or self.trailing:
             return
         self._span = len(data)
+        if self._lead is None:
+            self._lead = data[:9]  # the status line's start (see on_headers_complete)
         try:
             self._p.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -495,11 +499,14 @@ class ResponseParser:
         if status < 100:
             raise FramingError(502, "upstream", f"invalid status {status}")
         if status < 200:
+            self._lead = b""  # the final head's version is not at the start of the reads any more
             return  # 1xx: skipped, llhttp completes it without a body
         # Counted only when the reads it came in could hold more than the limit (as for requests).
         if self._partial + self._span > self.max_header_bytes and _head_size(self._headers) > self.max_header_bytes:
             raise FramingError(502, "upstream", f"response head larger than {self.max_header_bytes} bytes")
-        version = p.get_http_version()
+        # httptools formats the version string anew per call (~1 us); the response's first bytes,
+        # which llhttp has just accepted as its status line, say it for nearly every response.
+        version = "1.1" if self._lead == b"HTTP/1.1 " else p.get_http_version()
         if self._te is not None and self._te.strip().lower() != b"chunked":
             raise FramingError(502, "upstream", "transfer-encoding other than chunked")
         length = int(self._cl) if self._cl is not None else None

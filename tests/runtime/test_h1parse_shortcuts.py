@@ -1,8 +1,11 @@
-"""The head size limits of h1parse hold however the head is split over reads.
+"""The shortcuts h1parse takes on its hot path give what the long way gives.
 
-The parsers count a head's size only when the reads it came in could hold more than
-the limit (the common short head costs no per-field arithmetic); these tests pin that
-the bound is exact at the limit for every split point, for requests and responses.
+- The parsers count a head's size only when the reads it came in could hold more than
+  the limit (the common short head costs no per-field arithmetic): the bound is exact
+  at the limit for every split point, for requests and responses.
+- A response's version is read from its first bytes when they are "HTTP/1.1 " (httptools
+  formats the string anew per call): any other start, a split status line, or an
+  interim 1xx response before the final one, asks llhttp.
 """
 
 from __future__ import annotations
@@ -69,3 +72,22 @@ def test_response_head_limit_holds_at_every_split(over):
             assert rp.error is not None and rp.head is None, split
         else:
             assert rp.error is None and rp.complete and b"".join(rp.body) == b"ok", split
+
+
+@pytest.mark.parametrize(
+    ("reads", "version", "keep_alive"),
+    [
+        ([b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"], "1.1", True),
+        ([b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n"], "1.0", False),
+        ([b"HTTP/1.", b"0 200 OK\r\ncontent-length: 0\r\n\r\n"], "1.0", False),
+        ([b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n"], "1.0", False),
+        ([b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"], "1.1", True),
+    ],
+)
+def test_response_version_matches_llhttp(reads, version, keep_alive):
+    rp = ResponseParser()
+    rp.expect(b"GET")
+    for data in reads:
+        rp.feed(data)
+    assert rp.error is None and rp.head is not None and rp.complete
+    assert (rp.head.version, rp.head.keep_alive) == (version, keep_alive)
