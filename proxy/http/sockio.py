@@ -52,13 +52,9 @@ def _translate(exc: OSError) -> trio.BrokenResourceError | trio.ClosedResourceEr
     return trio.BrokenResourceError(f"socket connection broken: {exc}")
 
 
-def _fd(sock: trio.socket.SocketType) -> int:
-    """The descriptor, read now: -1 once closed.
-
-    The stdlib socket under trio's (`_sock`) is asked directly: trio's `fileno()` is a Python
-    method around the same call, and this path asks two to four times per request.
-    """
-    return sock._sock.fileno()  # type: ignore[attr-defined]  # trio's SocketType wraps a stdlib socket
+# Descriptors are read at each use as `sock._sock.fileno()` ("_fd(), inline" below): -1 once
+# closed. The stdlib socket under trio's is asked directly: trio's `fileno()` is a Python method
+# around the same call, and these paths ask two to four times per request.
 
 
 def _check_open(fd: int) -> None:
@@ -81,7 +77,7 @@ async def send_all(
     global _streak
     await _checkpoint_if_cancelled()
     try:
-        sent = _write(_fd(sock), data)
+        sent = _write(sock._sock.fileno(), data)  # type: ignore[attr-defined]  # _fd(), inline: see above
     except BlockingIOError:
         sent = 0
     except OSError as exc:
@@ -95,11 +91,11 @@ async def send_all(
     view = memoryview(data)
     with trio.fail_at(min(deadline, trio.current_time() + stall_s)) as scope:
         while sent < len(view):
-            fd = _fd(sock)
+            fd = sock._sock.fileno()  # type: ignore[attr-defined]  # _fd(), inline: see above
             _check_open(fd)
             try:
                 await _wait_writable(fd)  # a checkpoint; ClosedResourceError if closed meanwhile
-                sent += _write(_fd(sock), view[sent:])
+                sent += _write(sock._sock.fileno(), view[sent:])  # type: ignore[attr-defined]  # _fd(), inline: see above
             except BlockingIOError:
                 continue
             except OSError as exc:
@@ -115,7 +111,7 @@ async def receive(sock: trio.socket.SocketType, max_bytes: int, wait_first: bool
     if not wait_first:
         await _checkpoint_if_cancelled()
         try:
-            data = _read(_fd(sock), max_bytes)
+            data = _read(sock._sock.fileno(), max_bytes)  # type: ignore[attr-defined]  # _fd(), inline: see above
         except BlockingIOError:
             pass
         except OSError as exc:
@@ -127,14 +123,14 @@ async def receive(sock: trio.socket.SocketType, max_bytes: int, wait_first: bool
                 await _yield()
             return data
     while True:
-        fd = _fd(sock)
+        fd = sock._sock.fileno()  # type: ignore[attr-defined]  # _fd(), inline: see above
         _check_open(fd)
         try:
             # A checkpoint; ClosedResourceError if closed meanwhile. Given the descriptor (read
             # just now), not the socket, which trio would ask for it once more.
             await _wait_readable(fd)
             _streak = 0
-            return _read(_fd(sock), max_bytes)
+            return _read(sock._sock.fileno(), max_bytes)  # type: ignore[attr-defined]  # _fd(), inline: see above
         except BlockingIOError:
             continue
         except OSError as exc:
