@@ -54,7 +54,7 @@ from proxy.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from proxy.http.deadlines import DeadlineKeeper
 from proxy.http.forward import h2_request_headers
 from proxy.http.messages import Headers
-from proxy.http.upstream_h1 import H1Response, UpstreamH1Connection, framed
+from proxy.http.upstream_h1 import H1Response, H1UpstreamConnection, framed
 from proxy.http.upstream_h2 import H2Response, H2UpstreamConnection
 from proxy.metrics import Metrics
 from proxy.policy.schema import Upstream
@@ -164,7 +164,7 @@ class _H1Upstream(_Upstream):
     def __init__(self, index: int, cfg: Upstream, pool: UpstreamPool, metrics: Metrics | None) -> None:
         super().__init__(index, cfg, pool, metrics)
         self.slots = trio.Semaphore(cfg.max_connections)
-        self.idle: deque[UpstreamH1Connection] = deque()  # oldest idle at the left
+        self.idle: deque[H1UpstreamConnection] = deque()  # oldest idle at the left
         self.open = 0
 
     async def start(
@@ -233,7 +233,7 @@ class _H1Upstream(_Upstream):
             raise
 
     async def _retry(
-        self, conn: UpstreamH1Connection, deadline: float, method: bytes, target: bytes, headers: Headers, body: Any
+        self, conn: H1UpstreamConnection, deadline: float, method: bytes, target: bytes, headers: Headers, body: Any
     ) -> H1Response:
         """In an `except` for the exchange on pooled `conn`: discard it; retry on a new one if that is safe.
 
@@ -248,7 +248,7 @@ class _H1Upstream(_Upstream):
             raise
         return await self._exchange(deadline, method, target, headers, body)
 
-    async def _send(self, conn: UpstreamH1Connection, deadline: float, *request: Any) -> H1Response:
+    async def _send(self, conn: H1UpstreamConnection, deadline: float, *request: Any) -> H1Response:
         """The exchange on `conn`, closed by the keeper at `deadline` unless released first."""
         if deadline == math.inf:
             return await conn.send_request(*request)
@@ -261,7 +261,7 @@ class _H1Upstream(_Upstream):
         resp.deadline_entry = entry
         return resp
 
-    def _take_idle(self, now: float) -> UpstreamH1Connection | None:
+    def _take_idle(self, now: float) -> H1UpstreamConnection | None:
         idle, timeout = self.idle, self.cfg.idle_timeout_s
         while idle:
             conn = idle.pop()
@@ -270,15 +270,15 @@ class _H1Upstream(_Upstream):
             self._discard(conn)  # closed by the upstream while idle, or expired: never carried this request
         return None
 
-    async def _connect(self) -> UpstreamH1Connection:
+    async def _connect(self) -> H1UpstreamConnection:
         conn = await self._connect_timed(
-            lambda: UpstreamH1Connection.open(self.host, self.port, label=self.hostport, nursery=self.pool.nursery)
+            lambda: H1UpstreamConnection.open(self.host, self.port, label=self.hostport, nursery=self.pool.nursery)
         )
         self.open += 1
         self.connections.inc()
         return conn
 
-    def _discard(self, conn: UpstreamH1Connection) -> None:
+    def _discard(self, conn: H1UpstreamConnection) -> None:
         conn.close()
         self.open -= 1
         self.connections.dec()
