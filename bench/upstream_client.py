@@ -6,7 +6,7 @@ Usage (nginx answering `return 200 "ok"` on 127.0.0.1, h2c with `listen ... http
     ... --profile  (cProfile, top 25 by own time)
 
 Modes: `pool` drives UpstreamPool.request (what the sidecar does); `conn` drives
-H1Connection/H2UpstreamConnection directly (what the load generator does), one h1
+H1UpstreamConnection/H2UpstreamConnection directly (what the load generator does), one h1
 connection per task or one shared h2 connection.
 """
 
@@ -20,7 +20,7 @@ import time
 import trio
 
 from proxy.http.pool import UpstreamPool, parse_url
-from proxy.http.upstream_h1 import H1Connection
+from proxy.http.upstream_h1 import H1UpstreamConnection
 from proxy.http.upstream_h2 import H2UpstreamConnection
 from proxy.policy.schema import Upstream
 
@@ -74,7 +74,7 @@ async def run(args: argparse.Namespace) -> None:
         else:
 
             async def worker() -> None:
-                conn = await H1Connection.open(host, port)
+                conn = await H1UpstreamConnection.open(host, port)
 
                 async def send() -> None:
                     resp = await conn.send_request(b"GET", b"/", HEADERS)

@@ -82,6 +82,10 @@ class ServerContext:
         self._done: dict[tuple[str, int, str], Callable[[float], None]] = {}
         self._errors: dict[str, Callable[[], None]] = {}
 
+    def now(self) -> float:
+        """trio.current_time(); `Server.serve` binds the running clock's own method in its place (one call, not three)."""
+        return trio.current_time()
+
     def request_done(self, protocol: str, code: int, duration_s: float, klass: str = "") -> None:
         self.requests_total += 1
         record = self._done.get((protocol, code, klass))
@@ -140,11 +144,12 @@ class BufferedBody:
 
     Subclasses say what consuming bytes means for the peer (`_consumed`: wake the
     h1 reader / acknowledge h2 flow control) and what the first read means
-    (`_first_read`: send 100 Continue on h1).
+    (`_first_read`: send 100 Continue on h1), called only where `first_read_wanted` says.
     """
 
     __slots__ = (
         "_error",
+        "first_read_wanted",
         "_lot",
         "_parts",
         "complete",
@@ -167,6 +172,7 @@ class BufferedBody:
         self._parts: deque[tuple[bytes, int]] = deque()  # (data, flow-controlled length)
         self._error: BaseException | None = None
         self._lot: trio.lowlevel.ParkingLot | None = None  # made when a reader first waits
+        self.first_read_wanted = False  # `_first_read` has something to do (h1: the client expects 100)
 
     # --- the reader's side ---
     def feed(self, data: bytes, flow_len: int) -> bool:
@@ -197,7 +203,8 @@ class BufferedBody:
     async def chunks(self) -> AsyncIterator[bytes]:
         if not self.started:
             self.started = True
-            await self._first_read()
+            if self.first_read_wanted:
+                await self._first_read()
         while True:
             if self._parts:
                 data, flow_len = self._parts.popleft()
@@ -214,8 +221,11 @@ class BufferedBody:
         if self.complete and not self.started and self._error is None:
             # The whole body is here already (always so for a GET): skip the async generator.
             self.started = True
-            await self._first_read()
+            if self.first_read_wanted:
+                await self._first_read()
             parts = self._parts
+            if not parts:
+                return b""
             for data, flow_len in parts:
                 self._consumed(len(data), flow_len)
             whole = parts[0][0] if len(parts) == 1 else b"".join(data for data, _ in parts)
@@ -290,58 +300,57 @@ async def run_exchange(
     `scope=None`: the caller's own task scope plays that part (h1: one per connection), and
     a cancellation propagates from here after the bookkeeping. Returns when it ended
     (trio time), for callers that keep time per request.
+
+    One coroutine, the handler called inline (no helper per request: each coroutine layer is
+    created, and resumed at every wait of the handler's, request after request).
     """
     ctx.requests_in_flight += 1
+    problem: tuple[int, str] | None = None
     try:
-        problem = await _call_handler(handler, request, sink, scope, ctx)
+        try:
+            if scope is None:
+                await handler(request, sink)
+            else:
+                with scope:
+                    await handler(request, sink)
+        except BodyTooLarge as exc:
+            problem = 413, f"request body larger than {exc.limit} bytes"
+        except RequestTimeout as exc:
+            ctx.protocol_error("body_timeout", str(exc), request.client)
+            problem = 408, str(exc)
+        except ClientGone:
+            ctx.client_gone(request)
+        except ProtocolError as exc:
+            problem = 400, str(exc)
+        except ResponseCut:
+            problem = 500, "response cut"  # started, so the stream is aborted; logged where it was cut
+        except Exception:
+            ctx.events.event(
+                "handler_failed",
+                "handler failed on %r from %s",
+                request,
+                request.client,
+                level=logging.ERROR,
+                exc_info=True,
+            )
+            problem = 500, "internal error"
+        else:
+            if not sink.finished and not request.client_gone:
+                ctx.events.event(
+                    "handler_unfinished",
+                    "handler returned without finishing its response to %r",
+                    request,
+                    level=logging.ERROR,
+                )
+                problem = 500, "handler returned without a response"
         if problem is not None and not request.client_gone:
             await _answer_problem(ctx, request, sink, *problem)
     finally:
         ctx.requests_in_flight -= 1
         code = CLIENT_CLOSED if request.client_gone else sink.status
-        ended = trio.current_time()
+        ended = ctx.now()
         ctx.request_done(protocol, code, ended - request.received_at, request.klass)
     return ended
-
-
-async def _call_handler(
-    handler: Handler, request: Request, sink: Sink, scope: trio.CancelScope | None, ctx: ServerContext
-) -> tuple[int, str] | None:
-    """Run the handler; return (status, message) when the server must answer for it."""
-    try:
-        if scope is None:
-            await handler(request, sink)
-        else:
-            with scope:
-                await handler(request, sink)
-    except BodyTooLarge as exc:
-        return 413, f"request body larger than {exc.limit} bytes"
-    except RequestTimeout as exc:
-        ctx.protocol_error("body_timeout", str(exc), request.client)
-        return 408, str(exc)
-    except ClientGone:
-        ctx.client_gone(request)
-        return None
-    except ProtocolError as exc:
-        return 400, str(exc)
-    except ResponseCut:
-        return 500, "response cut"  # started, so the stream is aborted; logged where it was cut
-    except Exception:
-        ctx.events.event(
-            "handler_failed",
-            "handler failed on %r from %s",
-            request,
-            request.client,
-            level=logging.ERROR,
-            exc_info=True,
-        )
-        return 500, "internal error"
-    if sink.finished or request.client_gone:
-        return None
-    ctx.events.event(
-        "handler_unfinished", "handler returned without finishing its response to %r", request, level=logging.ERROR
-    )
-    return 500, "handler returned without a response"
 
 
 def answer(status: int, message: str) -> Handler:

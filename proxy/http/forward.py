@@ -45,12 +45,27 @@ def via_token(http_version: str) -> bytes:
 
 def _dropped(headers: Headers) -> frozenset[bytes]:
     """Hop-by-hop names plus any listed in `connection` (case-insensitive tokens)."""
-    extra: set[bytes] | None = None
+    values: list[bytes] | None = None
     for k, v in headers:
         if k == b"connection":
-            extra = extra or set()
-            extra.update(t.strip().lower() for t in v.split(b","))
-    return HOP_BY_HOP if extra is None else HOP_BY_HOP | extra
+            if values is None:
+                values = [v]
+            else:
+                values.append(v)
+    if values is None:
+        return HOP_BY_HOP
+    if len(values) == 1:
+        common = _COMMON_CONNECTION.get(values[0])
+        if common is not None:
+            return common  # what nearly every message says: no split, no new set
+    extra: set[bytes] = set()
+    for v in values:
+        extra.update([t.strip().lower() for t in v.split(b",")])
+    return HOP_BY_HOP | extra
+
+
+# The names to drop for the usual `connection` values, computed once (the same as the split would give).
+_COMMON_CONNECTION = {v: HOP_BY_HOP | {v.lower()} for v in (b"keep-alive", b"close", b"Keep-Alive", b"Close")}
 
 
 def _lists_trailers(te: bytes) -> bool:
@@ -87,11 +102,13 @@ def request_headers(req: Request, upstream_authority: bytes) -> Headers:
     if cookie is not None:
         out.append((b"cookie", cookie))
     if req.client:
-        xff = _append(xff, req.client.encode("latin-1"))
+        client = req.client.encode("latin-1")
+        xff = client if xff is None else xff + b", " + client
     if xff:
         out.append((b"x-forwarded-for", xff))
     out.append((b"x-forwarded-proto", req.scheme or b"http"))
-    out.append((b"via", _append(via, via_token(req.http_version))))
+    token = _VIA.get(req.http_version) or via_token(req.http_version)
+    out.append((b"via", token if via is None else via + b", " + token))
     return out
 
 
@@ -110,7 +127,8 @@ def response_headers(headers: Headers, http_version: str = "1.1") -> Headers:
             via = _append(via, v)
         else:
             out.append((k, v))
-    out.append((b"via", _append(via, via_token(http_version))))
+    token = _VIA.get(http_version) or via_token(http_version)
+    out.append((b"via", token if via is None else via + b", " + token))
     return out
 
 

@@ -148,6 +148,21 @@ def _tokens(value: bytes) -> set[bytes]:
     return {t.strip().lower() for t in value.split(b",")}
 
 
+def _head_size(headers: Headers) -> int:
+    """A head's fields counted as on the wire (name, ": ", value, CRLF)."""
+    return sum([len(k) + len(v) + 4 for k, v in headers])
+
+
+def _keeps_alive(connection: bytes | None, version: str) -> bool:
+    """Whether a message with this `connection` field leaves the connection open (RFC 9112 9.3)."""
+    if connection is None:
+        return version == "1.1"
+    if connection == b"keep-alive":  # what nearly every upstream sends: no token split
+        return True
+    tokens = _tokens(connection)
+    return b"close" not in tokens if version == "1.1" else b"keep-alive" in tokens
+
+
 def _classify(reason: str, in_body: bool) -> FramingError:
     """llhttp's error reason -> status, metric kind and a short message."""
     if any(w in reason for w in _SMUGGLING):
@@ -189,15 +204,16 @@ class RequestParser:
         "_headers",
         "_hosts",
         "_in_body",
-        "_in_head",
         "_p",
         "_partial",
-        "_size",
+        "_head_reads",
+        "_span",
         "_te",
         "_trailers",
         "_url",
         "events",
         "failed",
+        "in_head",
         "max_header_bytes",
     )
 
@@ -206,15 +222,16 @@ class RequestParser:
         self.events: deque = deque()
         self.failed = False
         self._p = httptools.HttpRequestParser(self)
-        self._in_head = self._in_body = False
+        self.in_head = self._in_body = False  # in_head: a request head has begun and is not complete
         self._fresh = False  # a head began in the read being parsed
         self._partial = 0  # bytes of an incomplete head seen in reads after the one it began in
+        self._span = 0  # length of the read being parsed
+        self._head_reads = 0  # lengths of the reads the current head came in (an upper bound of its size)
         self._reset()
 
     def _reset(self) -> None:
         self._url = b""
         self._headers: Headers = []
-        self._size = 0
         self._cl: bytes | None = None
         self._te: bytes | None = None
         self._connection: bytes | None = None
@@ -222,22 +239,20 @@ class RequestParser:
         self._hosts: list[bytes] = []
         self._trailers = 0
 
-    @property
-    def in_head(self) -> bool:
-        """A request head has begun and is not complete."""
-        return self._in_head
-
     def feed(self, data: bytes) -> None:
         """Parse `data`; what it completes is appended to `events` (a FramingError last, if any)."""
         if self.failed:
             return
         self._fresh = False
+        self._span = len(data)
+        if self.in_head:
+            self._head_reads += len(data)
         try:
             self._execute(data)
         except FramingError as exc:
             self._fail(exc)
             return
-        if self._in_head:
+        if self.in_head:
             # The read a head begins in may hold earlier requests too: count only later reads.
             self._partial = 0 if self._fresh else self._partial + len(data)
             if self._partial > self.max_header_bytes:
@@ -265,7 +280,8 @@ class RequestParser:
 
     # --- llhttp callbacks ---
     def on_message_begin(self) -> None:
-        self._in_head = self._fresh = True
+        self.in_head = self._fresh = True
+        self._head_reads = self._span
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -278,7 +294,6 @@ class RequestParser:
             return
         name = name.lower()
         self._headers.append((name, value))
-        self._size += len(name) + len(value) + 4
         if name in _SPECIAL:
             if name == _CONTENT_LENGTH:
                 self._cl = value
@@ -292,7 +307,7 @@ class RequestParser:
                 self._expect = value
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
+        self.in_head = False
         head = self._head()
         self._in_body = True
         self.events.append(head)
@@ -313,7 +328,12 @@ class RequestParser:
             if version.startswith("0."):
                 raise FramingError(400, "h1_bad_head", "malformed request line: no HTTP/1.x version")
             raise FramingError(505, "h1_bad_version", f"HTTP/{version} is not supported")
-        if self._size + len(self._url) > self.max_header_bytes:
+        # The head's size is counted only when the bytes it came in could exceed the limit: a head
+        # is never longer than the reads it arrived in (`_head_reads`), and nearly always they are short.
+        if (
+            self._head_reads > self.max_header_bytes
+            and _head_size(self._headers) + len(self._url) > self.max_header_bytes
+        ):
             raise FramingError(431, "h1_header_too_large", "request head too large")
         method = p.get_method()
         headers = self._headers
@@ -329,12 +349,8 @@ class RequestParser:
             length = None
         else:
             length = int(self._cl) if self._cl is not None else 0  # llhttp checked the digits
-        if version == "1.1":
-            keep_alive = self._connection is None or b"close" not in _tokens(self._connection)
-            expect = self._expect is not None and self._expect.strip().lower() == b"100-continue"
-        else:
-            keep_alive = self._connection is not None and b"keep-alive" in _tokens(self._connection)
-            expect = False
+        keep_alive = _keeps_alive(self._connection, version)
+        expect = version == "1.1" and self._expect is not None and self._expect.strip().lower() == b"100-continue"
         target = self._url
         asterisk = False
         if target[:1] != b"/":
@@ -379,9 +395,10 @@ class ResponseParser:
         "_connection",
         "_head_request",
         "_headers",
+        "_lead",
         "_p",
         "_partial",
-        "_size",
+        "_span",
         "_te",
         "body",
         "complete",
@@ -395,6 +412,7 @@ class ResponseParser:
         self.max_header_bytes = max_header_bytes
         self._p = httptools.HttpResponseParser(self)
         self.body: deque[bytes] = deque()
+        self._begin()
         self.expect(b"GET")
 
     def expect(self, method: bytes) -> None:
@@ -406,11 +424,12 @@ class ResponseParser:
         self.error: str | None = None
         self.body.clear()
         self._partial = 0
-        self._begin()
+        self._lead: bytes | None = None  # the first 9 bytes of the response, once read
+        # The head's fields are reset by on_message_begin, which comes first for every response.
 
     def _begin(self) -> None:
         self._headers: Headers = []
-        self._size = 0
+        self._span = 0
         self._cl: bytes | None = None
         self._te: bytes | None = None
         self._connection: bytes | None = None
@@ -418,6 +437,9 @@ class ResponseParser:
     def feed(self, data: bytes) -> None:
         if self.error is not None or self.trailing:
             return
+        self._span = len(data)
+        if self._lead is None:
+            self._lead = data[:9]  # the status line's start (see on_headers_complete)
         try:
             self._p.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -455,16 +477,14 @@ class ResponseParser:
         if self.complete:
             self.trailing = True
             raise _Stop
-        self._begin()
+        self._headers = []  # _begin(), inline: once per response
+        self._cl = self._te = self._connection = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.head is not None:
             return  # trailer fields: dropped (llhttp bounds nothing here, the read size does)
         name = name.lower()
         self._headers.append((name, value))
-        self._size += len(name) + len(value) + 4
-        if self._size > self.max_header_bytes:
-            raise FramingError(502, "upstream", f"response head larger than {self.max_header_bytes} bytes")
         if name in _SPECIAL:
             if name == _CONTENT_LENGTH:
                 self._cl = value
@@ -479,8 +499,14 @@ class ResponseParser:
         if status < 100:
             raise FramingError(502, "upstream", f"invalid status {status}")
         if status < 200:
+            self._lead = b""  # the final head's version is not at the start of the reads any more
             return  # 1xx: skipped, llhttp completes it without a body
-        version = p.get_http_version()
+        # Counted only when the reads it came in could hold more than the limit (as for requests).
+        if self._partial + self._span > self.max_header_bytes and _head_size(self._headers) > self.max_header_bytes:
+            raise FramingError(502, "upstream", f"response head larger than {self.max_header_bytes} bytes")
+        # httptools formats the version string anew per call (~1 us); the response's first bytes,
+        # which llhttp has just accepted as its status line, say it for nearly every response.
+        version = "1.1" if self._lead == b"HTTP/1.1 " else p.get_http_version()
         if self._te is not None and self._te.strip().lower() != b"chunked":
             raise FramingError(502, "upstream", "transfer-encoding other than chunked")
         length = int(self._cl) if self._cl is not None else None
@@ -490,8 +516,7 @@ class ResponseParser:
             framing, length = "chunked", None
         else:
             framing = "length" if length is not None else "close"
-        tokens = _tokens(self._connection) if self._connection is not None else ()
-        keep_alive = b"close" not in tokens if version == "1.1" else b"keep-alive" in tokens
+        keep_alive = _keeps_alive(self._connection, version)
         self.head = ResponseHead(status, version, self._headers, framing, length, keep_alive and framing != "close")
         if self._head_request:
             # llhttp cannot be told a response has no body (its framing fields describe the GET it

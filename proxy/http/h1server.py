@@ -44,7 +44,6 @@ doc lists every rule), `h1sink` for responses; why httptools rather than h11 is 
 
 from __future__ import annotations
 
-import enum
 import logging
 import math
 import socket
@@ -68,7 +67,10 @@ LINGER_BYTES = 1_048_576  # ... or this much, so the client reads our answer, no
 ALLOW = b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
 
 
-class Phase(enum.Enum):
+class Phase:
+    """The connection's phases: plain strings, so that a transition's table lookup hashes in C (an Enum's
+    __hash__ is a Python function, called twice per lookup, every request)."""
+
     DETECT = "detect"  # accepted; not yet known to be HTTP/1.1
     WAIT_HEAD = "wait_head"  # between requests (or before the first), no byte of the next yet
     READ_HEAD = "read_head"  # part of a head received
@@ -76,7 +78,7 @@ class Phase(enum.Enum):
     CLOSING = "closing"
 
 
-_PHASES: dict[tuple[Phase, str], Phase] = {
+_PHASES: dict[tuple[str, str], str] = {
     (Phase.DETECT, "http1"): Phase.WAIT_HEAD,
     (Phase.WAIT_HEAD, "bytes"): Phase.READ_HEAD,
     (Phase.WAIT_HEAD, "head"): Phase.IN_REQUEST,
@@ -85,7 +87,7 @@ _PHASES: dict[tuple[Phase, str], Phase] = {
 }
 
 
-def _next_phase(phase: Phase, event: str) -> Phase:
+def _next_phase(phase: str, event: str) -> str:
     try:
         return _PHASES[(phase, event)]
     except KeyError:
@@ -102,7 +104,7 @@ class H1Connection:
         self._sock = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._client = client
         self._parser = RequestParser(ctx.limits.max_header_bytes)
-        self._phase = Phase.DETECT
+        self._phase: str = Phase.DETECT
         # The connection's one scope: the patrol cancels it when a phase runs out or to make
         # room, a watcher when the client hangs up mid-request. One per connection, never per
         # request (entering and leaving a scope costs ~17 us, patrol module doc).
@@ -125,10 +127,13 @@ class H1Connection:
         self._watch_done: trio.Event | None = None
         self._watch_wanted = 0  # the request number the patrol asked to watch
         self._reading = False  # the handler is reading the body (read_body): no watcher reads meanwhile
+        self.http10 = False  # the current request is HTTP/1.0 (set per request; the sink asks)
+        # trio.current_time() is three calls deep; the clock's own method (the autojump clock in tests) is one.
+        self._now = trio.lowlevel.current_clock().current_time
         ctx.patrol.head_due(self, accepted_at)
 
     def __repr__(self) -> str:
-        state = f"{self._phase.value} requests={self.requests} broken={self.broken}"
+        state = f"{self._phase} requests={self.requests} broken={self.broken}"
         return f"<H1Connection {self._client} {state}>"
 
     @property
@@ -182,7 +187,7 @@ class H1Connection:
                 elif type(event) is FramingError:
                     await self._refuse(event)
                     return
-                # else: END / bytes of a body the handler did not read; never kept alive (_next_cycle)
+                # else: END / bytes of a body the handler did not read; never kept alive (_exchange)
             # Between requests the client is waiting for us: wait, then read once. Inside a
             # head more bytes are probably there already: read first.
             data = await self._receive(self._phase is Phase.WAIT_HEAD)
@@ -207,10 +212,10 @@ class H1Connection:
     def _feed(self, data: bytes) -> None:
         parser = self._parser
         parser.feed(data)
-        if self._phase is Phase.WAIT_HEAD and parser.in_head:
+        if parser.in_head and self._phase is Phase.WAIT_HEAD:
             self._phase = _next_phase(self._phase, "bytes")
             if self.requests:  # a kept connection: the head has header_timeout_s from its first byte
-                self.ctx.patrol.head_due(self, trio.current_time())
+                self.ctx.patrol.head_due(self, self._now())
 
     async def _receive(self, wait_first: bool) -> bytes:
         """Next bytes; b'' on EOF or reset."""
@@ -225,17 +230,18 @@ class H1Connection:
     # --- one exchange ---
     async def _exchange(self, head: RequestHead) -> bool:
         """Run one request in this task; True if the connection carries on."""
-        now = trio.current_time()
+        now = self._now()
         ctx = self.ctx
         self._phase = _next_phase(self._phase, "head")
         self.requests += 1
         ctx.patrol.running(self, self.requests, now)
         limits = ctx.limits
         self._head = head
+        self.http10 = head.version == "1.0"
         self._continue_sent = False
-        self._body = body = H1Body(self, head.content_length, limits.max_body_bytes)
+        self._body = body = H1Body(self, head.content_length, limits.max_body_bytes, head.expect_continue)
         if head.content_length == 0:
-            body.finish()
+            body.complete = True  # nobody waits on it yet: no wake-up to give
         else:
             self._take_body_events()
         request = self._request = Request(
@@ -255,11 +261,23 @@ class H1Connection:
         elif head.asterisk:
             handler = _options_asterisk
         ended = await run_exchange(ctx, self.protocol, handler, request, sink, None)
-        self._stop_watch()
+        if self._watch is not None:
+            self._stop_watch()
         if self._sock is None and self._watch_done is not None:
             await self._watch_done.wait()  # a memory stream's reader must be gone before we read
-        if not self._next_cycle():
-            return False
+        # Keep the connection for the next request, or close (the one place it is decided).
+        if (
+            request.client_gone
+            or sink.closing
+            or not sink.finished
+            or not body.complete
+            or not head.keep_alive
+            or self.broken
+            or ctx.draining
+        ):
+            return False  # must close, or the request body was not read to the end
+        self._request = self._body = self._head = None
+        self._phase = _next_phase(self._phase, "answered")
         ctx.patrol.idle_since(self, ended)
         return True
 
@@ -332,27 +350,12 @@ class H1Connection:
             self._parser.feed(data)
             self._take_body_events()
 
-    def _next_cycle(self) -> bool:
-        """After an exchange: keep the connection for the next request, or say it must close."""
-        request, body, sink = self._request, self._body, self._sink
-        if request is None or request.client_gone or sink.closing or not sink.finished:
-            return False
-        if not self.keep_alive_possible() or body is None or not body.complete:
-            return False  # must close, or the request body was not read to the end
-        self._request = self._body = self._head = None
-        self._phase = _next_phase(self._phase, "answered")
-        return True
-
-    @property
-    def http10(self) -> bool:
-        return self._head is not None and self._head.version == "1.0"
-
     def keep_alive_possible(self) -> bool:
         """Whether the answer now being written may leave the connection open (its `connection` field).
 
         A request body still arriving is not a reason to say close: a full-duplex handler
         answers while it reads. If it ends without reading it all, the connection closes
-        after the answer all the same (`_next_cycle`), as h11 did.
+        after the answer all the same (`_exchange`), as h11 did.
         """
         head = self._head
         return head is not None and head.keep_alive and not self.broken and not self.ctx.draining

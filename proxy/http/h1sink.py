@@ -54,10 +54,11 @@ class H1Body(BufferedBody):
 
     __slots__ = ("_owner", "buffered")
 
-    def __init__(self, owner: H1Connection, content_length: int | None, limit: int) -> None:
+    def __init__(self, owner: H1Connection, content_length: int | None, limit: int, expect_continue: bool) -> None:
         super().__init__(content_length, limit)
         self._owner = owner
         self.buffered = 0  # fed and not yet consumed
+        self.first_read_wanted = expect_continue  # the first read sends 100 Continue
 
     def feed(self, data: bytes, flow_len: int = 0) -> bool:
         self.buffered += len(data)

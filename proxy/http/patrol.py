@@ -21,7 +21,8 @@ a second cost nothing measurable).
 
 Requests in flight are the fourth queue, `_running`: (start, connection, request
 number), appended when a handler starts. A request still running WATCH_AFTER_S
-later gets a watcher task (the connection's `watch_peer`), which waits for the
+later (give or take WATCH_BATCH_S, so that one pass serves many) gets a watcher
+task (the connection's `watch_peer`), which waits for the
 client's socket to become readable: EOF or a reset means the client hung up, and
 the connection's scope is cancelled, with its handler and the upstream exchange.
 The overwhelming majority of requests end sooner and cost a deque append; a
@@ -49,6 +50,10 @@ from typing import Protocol
 import trio
 
 WATCH_AFTER_S = 0.1  # a request running this long gets a watcher for its client's hang-up
+# Requests' watch times are gathered into passes this far apart at most: without it the patrol
+# woke for the oldest entry, then for the next one a request later (a scheduler pass, a scope
+# and its expiry every ~6 requests under load); with it, ~40 passes a second at any rate.
+WATCH_BATCH_S = 0.025
 
 
 class Patrolled(Protocol):
@@ -90,7 +95,9 @@ class Patrol:
         self._enter(conn, self.bodies, now)
 
     def running(self, conn: Patrolled, request_number: int, now: float) -> None:
-        self.forget(conn)
+        queue = self._queue.pop(conn, None)  # forget(), inline: once per request
+        if queue is not None:
+            del queue[conn]
         self._running.append((now, conn, request_number))
 
     def forget(self, conn: Patrolled) -> None:
@@ -140,7 +147,7 @@ class Patrol:
                 self.watchers += 1
                 self.nursery.start_soon(conn.watch_peer, number)
         if running:
-            at = min(at, running[0][0] + WATCH_AFTER_S)
+            at = min(at, running[0][0] + WATCH_AFTER_S + WATCH_BATCH_S)
         return at
 
     def _expire(self, queue: OrderedDict, now: float, timeout_s: float, reason: str) -> float:

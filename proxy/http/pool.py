@@ -21,6 +21,11 @@ closed and the caller gets UpstreamTimeout; a wait for a connection slot, the on
 wait that is not on a connection, gets a real scope, only when it happens. h2c
 exchanges are not bounded here (`bounds_deadlines()` is False): their caller
 keeps a scope.
+The common HTTP/1.1 case (a slot free, a pooled connection fit to reuse) runs in
+`_H1Upstream.start` itself, deadline armed inline: one coroutine layer for the
+whole upstream exchange, since every layer is created per request and resumed at
+each of its waits; a new connection and the one retry go through `_exchange` and
+`_retry`.
 Exchanges are full duplex: a request body over 64 KiB, or streamed, is sent by a
 task in the pool's nursery while the caller reads the response (an upstream that
 echoes as it reads cannot deadlock us); the connection modules own that task and
@@ -37,6 +42,7 @@ connections excepted); every started request is counted once in
 from __future__ import annotations
 
 import math
+import sys
 from collections import deque
 from collections.abc import AsyncIterable
 from dataclasses import dataclass
@@ -48,7 +54,7 @@ from proxy.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from proxy.http.deadlines import DeadlineKeeper
 from proxy.http.forward import h2_request_headers
 from proxy.http.messages import Headers
-from proxy.http.upstream_h1 import H1Connection, H1Response, framed
+from proxy.http.upstream_h1 import H1Response, H1UpstreamConnection, framed
 from proxy.http.upstream_h2 import H2Response, H2UpstreamConnection
 from proxy.metrics import Metrics
 from proxy.policy.schema import Upstream
@@ -158,7 +164,7 @@ class _H1Upstream(_Upstream):
     def __init__(self, index: int, cfg: Upstream, pool: UpstreamPool, metrics: Metrics | None) -> None:
         super().__init__(index, cfg, pool, metrics)
         self.slots = trio.Semaphore(cfg.max_connections)
-        self.idle: deque[H1Connection] = deque()  # oldest idle at the left
+        self.idle: deque[H1UpstreamConnection] = deque()  # oldest idle at the left
         self.open = 0
 
     async def start(
@@ -171,18 +177,34 @@ class _H1Upstream(_Upstream):
         trailers: Headers | None = None,  # not sent: HTTP/1.1 request trailers are not forwarded
     ) -> H1Response:
         self.outstanding += 1
-        now = trio.current_time()
+        now = self.pool.now()
         try:
             try:
                 self.slots.acquire_nowait()
             except trio.WouldBlock:
                 await self._wait_for_slot(deadline)
-                now = trio.current_time()
+                now = self.pool.now()
         except BaseException as exc:
             self._failed(exc)
             raise
+        if self.prefix and target[:1] == b"/":
+            target = self.prefix + target
         try:
-            resp = await self._exchange(now, method, self._target(target), headers, body, deadline)
+            # The common case inline (a pooled connection, fresh, and the exchange on it): one
+            # coroutine layer for the whole upstream exchange; `_exchange` for the rest.
+            conn = self._take_idle(now)
+            if conn is None:
+                resp = await self._exchange(deadline, method, target, headers, body)
+            else:
+                entry = None if deadline == math.inf else self.pool.deadlines.arm(deadline, conn)
+                try:
+                    resp = await conn.send_request(method, target, headers, body)
+                except BaseException:
+                    if entry is not None:
+                        self.pool.deadlines.disarm(entry)
+                    resp = await self._retry(conn, deadline, method, target, headers, body)
+                else:
+                    resp.deadline_entry = entry
         except BaseException as exc:
             self.slots.release()
             self._failed(exc)
@@ -201,34 +223,32 @@ class _H1Upstream(_Upstream):
         finally:
             self.waiting -= 1
 
-    async def _exchange(
-        self, now: float, method: bytes, target: bytes, headers: Headers, body: Any, deadline: float
-    ) -> H1Response:
-        conn = self._take_idle(now)
-        reused = conn is not None
-        if conn is None:
-            conn = await self._connect()
-        try:
-            return await self._send(conn, deadline, method, target, headers, body)
-        except UpstreamTimeout:
-            self._discard(conn)
-            raise
-        except UpstreamError as exc:
-            self._discard(conn)
-            # Safe to replay only if nothing reached the upstream and the body can be sent again.
-            if not reused or exc.request_sent or not isinstance(body, _BYTES_LIKE):
-                raise
-        except BaseException:
-            self._discard(conn)
-            raise
+    async def _exchange(self, deadline: float, *request: Any) -> H1Response:
+        """The exchange on a new connection (no pooled one was fit to carry it)."""
         conn = await self._connect()
         try:
-            return await self._send(conn, deadline, method, target, headers, body)
+            return await self._send(conn, deadline, *request)
         except BaseException:
             self._discard(conn)
             raise
 
-    async def _send(self, conn: H1Connection, deadline: float, *request: Any) -> H1Response:
+    async def _retry(
+        self, conn: H1UpstreamConnection, deadline: float, method: bytes, target: bytes, headers: Headers, body: Any
+    ) -> H1Response:
+        """In an `except` for the exchange on pooled `conn`: discard it; retry on a new one if that is safe.
+
+        (The bare `raise`s re-raise the caller's exception, the one being handled.)
+        """
+        self._discard(conn)
+        exc = sys.exc_info()[1]
+        # Safe to replay only if nothing reached the upstream and the body can be sent again.
+        if isinstance(exc, UpstreamTimeout) or not isinstance(exc, UpstreamError):
+            raise
+        if exc.request_sent or not isinstance(body, _BYTES_LIKE):
+            raise
+        return await self._exchange(deadline, method, target, headers, body)
+
+    async def _send(self, conn: H1UpstreamConnection, deadline: float, *request: Any) -> H1Response:
         """The exchange on `conn`, closed by the keeper at `deadline` unless released first."""
         if deadline == math.inf:
             return await conn.send_request(*request)
@@ -241,7 +261,7 @@ class _H1Upstream(_Upstream):
         resp.deadline_entry = entry
         return resp
 
-    def _take_idle(self, now: float) -> H1Connection | None:
+    def _take_idle(self, now: float) -> H1UpstreamConnection | None:
         idle, timeout = self.idle, self.cfg.idle_timeout_s
         while idle:
             conn = idle.pop()
@@ -250,15 +270,15 @@ class _H1Upstream(_Upstream):
             self._discard(conn)  # closed by the upstream while idle, or expired: never carried this request
         return None
 
-    async def _connect(self) -> H1Connection:
+    async def _connect(self) -> H1UpstreamConnection:
         conn = await self._connect_timed(
-            lambda: H1Connection.open(self.host, self.port, label=self.hostport, nursery=self.pool.nursery)
+            lambda: H1UpstreamConnection.open(self.host, self.port, label=self.hostport, nursery=self.pool.nursery)
         )
         self.open += 1
         self.connections.inc()
         return conn
 
-    def _discard(self, conn: H1Connection) -> None:
+    def _discard(self, conn: H1UpstreamConnection) -> None:
         conn.close()
         self.open -= 1
         self.connections.dec()
@@ -267,7 +287,7 @@ class _H1Upstream(_Upstream):
         """Called once by `resp.aclose()`: pool the connection if the exchange ended cleanly."""
         if resp.deadline_entry is not None:
             self.pool.deadlines.disarm(resp.deadline_entry)
-        now = trio.current_time()
+        now = self.pool.now()
         if not self.pool.closed and resp.reusable():
             resp.connection.idle_since = now
             self.idle.append(resp.connection)
@@ -436,12 +456,14 @@ class UpstreamPool:
         ]
         self.nursery: trio.Nursery | None = None
         self.closed = False
+        self.now = trio.current_time  # the running clock's own method once in `async with` (one call, not three)
         self.deadlines = DeadlineKeeper()
         self._reap_at = -math.inf  # no reaper yet: nothing to wake
         self._reap_wake: trio.Event | None = None
         self._nursery_cm: Any = None
 
     async def __aenter__(self) -> Self:
+        self.now = trio.lowlevel.current_clock().current_time
         self._nursery_cm = trio.open_nursery()
         self.nursery = await self._nursery_cm.__aenter__()
         self._reap_at = math.inf

@@ -244,6 +244,7 @@ class Server:
                     raise StartupError(why)
                 log.warning("%s", why)
                 self._fd_cap = cap
+        self._ctx.now = trio.lowlevel.current_clock().current_time  # type: ignore[method-assign]  # ServerContext.now
         host, port = parse_address(address)
         listeners = await (_reuse_port_listener(host, port) if reuse_port else trio.open_tcp_listeners(port, host=host))
         self._address = format_address(listeners[0].socket.getsockname())

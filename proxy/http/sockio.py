@@ -37,6 +37,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+from functools import partial
 
 import trio
 
@@ -51,17 +52,14 @@ def _translate(exc: OSError) -> trio.BrokenResourceError | trio.ClosedResourceEr
     return trio.BrokenResourceError(f"socket connection broken: {exc}")
 
 
-def _check_open(sock: trio.socket.SocketType) -> None:
-    if sock.fileno() < 0:  # closed by us: trio's wait functions want a real descriptor
+# Descriptors are read at each use as `sock._sock.fileno()` ("_fd(), inline" below): -1 once
+# closed. The stdlib socket under trio's is asked directly: trio's `fileno()` is a Python method
+# around the same call, and these paths ask two to four times per request.
+
+
+def _check_open(fd: int) -> None:
+    if fd < 0:  # closed by us: trio's wait functions want a real descriptor
         raise trio.ClosedResourceError("this socket was already closed")
-
-
-async def _done_without_waiting() -> None:
-    global _streak
-    _streak += 1
-    if _streak >= FAIR_STREAK:
-        _streak = 0
-        await trio.lowlevel.cancel_shielded_checkpoint()
 
 
 async def send_all(
@@ -77,23 +75,27 @@ async def send_all(
     that takes.
     """
     global _streak
-    await trio.lowlevel.checkpoint_if_cancelled()
+    await _checkpoint_if_cancelled()
     try:
-        sent = os.write(sock.fileno(), data)
+        sent = _write(sock._sock.fileno(), data)  # type: ignore[attr-defined]  # _fd(), inline: see above
     except BlockingIOError:
         sent = 0
     except OSError as exc:
         raise _translate(exc) from exc
     if sent == len(data):
-        await _done_without_waiting()
+        _streak += 1
+        if _streak >= FAIR_STREAK:
+            _streak = 0
+            await _yield()
         return
     view = memoryview(data)
     with trio.fail_at(min(deadline, trio.current_time() + stall_s)) as scope:
         while sent < len(view):
-            _check_open(sock)
+            fd = sock._sock.fileno()  # type: ignore[attr-defined]  # _fd(), inline: see above
+            _check_open(fd)
             try:
-                await trio.lowlevel.wait_writable(sock)  # a checkpoint; ClosedResourceError if closed meanwhile
-                sent += os.write(sock.fileno(), view[sent:])
+                await _wait_writable(fd)  # a checkpoint; ClosedResourceError if closed meanwhile
+                sent += _write(sock._sock.fileno(), view[sent:])  # type: ignore[attr-defined]  # _fd(), inline: see above
             except BlockingIOError:
                 continue
             except OSError as exc:
@@ -107,43 +109,52 @@ async def receive(sock: trio.socket.SocketType, max_bytes: int, wait_first: bool
     """Up to `max_bytes` bytes; b"" at EOF. See the module doc for `wait_first`."""
     global _streak
     if not wait_first:
-        await trio.lowlevel.checkpoint_if_cancelled()
+        await _checkpoint_if_cancelled()
         try:
-            data = os.read(sock.fileno(), max_bytes)
+            data = _read(sock._sock.fileno(), max_bytes)  # type: ignore[attr-defined]  # _fd(), inline: see above
         except BlockingIOError:
             pass
         except OSError as exc:
             raise _translate(exc) from exc
         else:
-            await _done_without_waiting()
+            _streak += 1
+            if _streak >= FAIR_STREAK:
+                _streak = 0
+                await _yield()
             return data
     while True:
-        _check_open(sock)
+        fd = sock._sock.fileno()  # type: ignore[attr-defined]  # _fd(), inline: see above
+        _check_open(fd)
         try:
-            await trio.lowlevel.wait_readable(sock)  # a checkpoint; ClosedResourceError if closed meanwhile
+            # A checkpoint; ClosedResourceError if closed meanwhile. Given the descriptor (read
+            # just now), not the socket, which trio would ask for it once more.
+            await _wait_readable(fd)
             _streak = 0
-            return os.read(sock.fileno(), max_bytes)
+            return _read(sock._sock.fileno(), max_bytes)  # type: ignore[attr-defined]  # _fd(), inline: see above
         except BlockingIOError:
             continue
         except OSError as exc:
             raise _translate(exc) from exc
 
 
-class SocketIO:
-    """The fast paths above, for one `trio.SocketStream`."""
+# Bound once: each is looked up per call otherwise (module attribute, then trio's re-exports).
+_checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
+_yield = trio.lowlevel.cancel_shielded_checkpoint
+_wait_readable = trio.lowlevel.wait_readable
+_wait_writable = trio.lowlevel.wait_writable
+_read = os.read
+_write = os.write
 
-    __slots__ = ("sock",)
+
+class SocketIO:
+    """The fast paths above, for one `trio.SocketStream` (the functions themselves, one call less each)."""
+
+    __slots__ = ("receive", "send_all", "sock")
 
     def __init__(self, sock: trio.socket.SocketType) -> None:
         self.sock = sock
-
-    async def send_all(
-        self, data: bytes | bytearray | memoryview, deadline: float = math.inf, stall_s: float = math.inf
-    ) -> None:
-        await send_all(self.sock, data, deadline, stall_s)
-
-    async def receive(self, max_bytes: int, wait_first: bool) -> bytes:
-        return await receive(self.sock, max_bytes, wait_first)
+        self.send_all = partial(send_all, sock)
+        self.receive = partial(receive, sock)
 
 
 class StreamIO:

@@ -1,6 +1,6 @@
 """HTTP/1.1 upstream connection: one socket and one llhttp response parser, reused request after request.
 
-Theory of operation: `H1Connection.open(host, port)` connects (TCP_NODELAY, as trio
+Theory of operation: `H1UpstreamConnection.open(host, port)` connects (TCP_NODELAY, as trio
 sets it); `send_request(...)` writes the request and returns an `H1Response` once
 the response head has arrived; the caller pulls body chunks with `receive()` as
 they arrive and then `aclose()`s it. A connection whose exchange ended cleanly on
@@ -101,7 +101,7 @@ def framed(method: bytes, headers: Headers, body: Any) -> Headers:
     return kept
 
 
-class H1Connection:
+class H1UpstreamConnection:
     __slots__ = (
         "_busy",
         "_nursery",
@@ -139,7 +139,9 @@ class H1Connection:
         self._sent_any = False
 
     @classmethod
-    async def open(cls, host: str, port: int, *, label: str = "", nursery: trio.Nursery | None = None) -> H1Connection:
+    async def open(
+        cls, host: str, port: int, *, label: str = "", nursery: trio.Nursery | None = None
+    ) -> H1UpstreamConnection:
         """Connect; bounded by the caller's cancel scope. Raises UpstreamConnectError.
 
         With `nursery`, large and streamed request bodies are sent while the
@@ -338,7 +340,7 @@ class H1Connection:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "busy" if self._busy else "idle"
         sending = " sending" if self._sender is not None else ""
-        return f"<H1Connection {self.label} {state}{sending} requests={self.requests}>"
+        return f"<H1UpstreamConnection {self.label} {state}{sending} requests={self.requests}>"
 
 
 class H1Response:
@@ -358,7 +360,7 @@ class H1Response:
     )
     http_version: str
 
-    def __init__(self, connection: H1Connection, head: ResponseHead) -> None:
+    def __init__(self, connection: H1UpstreamConnection, head: ResponseHead) -> None:
         self.status: int = head.status
         self.headers: Headers = head.headers  # lower-case names
         self.http_version = head.version
@@ -391,6 +393,13 @@ class H1Response:
 
     async def read(self) -> bytes:
         """The whole remaining body (for small responses and tests)."""
+        rp = self.connection._rp
+        if rp.complete and not self.failed:  # all here already (a small answer): no await per piece
+            self.complete = True
+            body = rp.body
+            whole = body.popleft() if len(body) == 1 else b"".join(body)
+            body.clear()
+            return whole
         parts = []
         while chunk := await self.receive():
             parts.append(chunk)

@@ -1,4 +1,4 @@
-"""HTTP/1.1 sessions of the load generator: one keep-alive `H1Connection` per worker.
+"""HTTP/1.1 sessions of the load generator: one keep-alive `H1UpstreamConnection` per worker.
 
 Theory of operation: each runner worker holds a session that owns one
 connection, opened lazily and reopened when the server closed it (checked with
@@ -14,7 +14,7 @@ from typing import Any
 from proxy.errors import UpstreamError
 from proxy.http.messages import Headers
 from proxy.http.pool import parse_url
-from proxy.http.upstream_h1 import H1Connection
+from proxy.http.upstream_h1 import H1UpstreamConnection
 from proxy.loadtest.shapes import Shape
 from proxy.loadtest.target import IDEMPOTENCY_KEY, Prepared, Target, prepare
 
@@ -24,7 +24,7 @@ class _H1Session:
 
     def __init__(self, transport: H1Transport) -> None:
         self._t = transport
-        self._conn: H1Connection | None = None
+        self._conn: H1UpstreamConnection | None = None
 
     async def send(self, shape: int, key: bytes | None) -> Any:
         p = self._t.prepared[shape]
@@ -44,7 +44,7 @@ class _H1Session:
                 conn.close()
             t = self._t
             self._conn = None
-            conn = self._conn = await H1Connection.open(t.host, t.port, label=t.label)
+            conn = self._conn = await H1UpstreamConnection.open(t.host, t.port, label=t.label)
             t.opened += 1
         try:
             return await conn.send_request(p.method, p.target, headers, p.body)

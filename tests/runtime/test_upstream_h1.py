@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.errors import UpstreamConnectError, UpstreamProtocolError
 from proxy.http.pool import UpstreamPool
-from proxy.http.upstream_h1 import H1Connection
+from proxy.http.upstream_h1 import H1UpstreamConnection
 from proxy.metrics import Metrics
 from proxy.policy.schema import Upstream
 from tests.conftest import free_port
@@ -58,7 +58,7 @@ async def test_bare_connection_reuses_itself_via_start_next_cycle():
     server = RawH1Server(ok)
     with trio.fail_after(30):
         async with server.running():
-            conn = await H1Connection.open("127.0.0.1", server.port)
+            conn = await H1UpstreamConnection.open("127.0.0.1", server.port)
             for _ in range(3):
                 async with await conn.send_request(b"GET", b"/", HOST) as resp:
                     assert await resp.read() == b"ok"
@@ -130,7 +130,7 @@ async def test_send_failing_before_any_byte_is_retried_once_on_a_fresh_connectio
         read.set()
         await server.closed_by_us.wait()
         await trio.testing.wait_all_tasks_blocked()
-        monkeypatch.setattr(H1Connection, "is_stale", lambda self: False)  # lose the pre-send check
+        monkeypatch.setattr(H1UpstreamConnection, "is_stale", lambda self: False)  # lose the pre-send check
         assert await get(pool, body=b"payload", method=b"POST") == (200, b"ok")
         assert server.connections == 2 and len(server.requests) == 2
 
@@ -161,7 +161,7 @@ async def test_undetected_stale_connection_after_send_is_not_retried(monkeypatch
         await get(pool)
         await server.closed_by_us.wait()
         await trio.testing.wait_all_tasks_blocked()
-        monkeypatch.setattr(H1Connection, "is_stale", lambda self: False)
+        monkeypatch.setattr(H1UpstreamConnection, "is_stale", lambda self: False)
         with pytest.raises(UpstreamProtocolError) as info:
             await get(pool, body=b"x", method=b"POST")
         assert info.value.request_sent is True  # the kernel took the bytes: it may have run
