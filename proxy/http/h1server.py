@@ -94,7 +94,7 @@ def _next_phase(phase: str, event: str) -> str:
         raise AssertionError(f"h1 connection: no transition from {phase} on {event!r}") from None
 
 
-class H1Connection:
+class H1ServerConnection:
     protocol = "http1"
 
     def __init__(self, ctx: ServerContext, stream: trio.abc.Stream, client: str, accepted_at: float) -> None:
@@ -134,7 +134,7 @@ class H1Connection:
 
     def __repr__(self) -> str:
         state = f"{self._phase} requests={self.requests} broken={self.broken}"
-        return f"<H1Connection {self._client} {state}>"
+        return f"<H1ServerConnection {self._client} {state}>"
 
     @property
     def detecting(self) -> bool:

@@ -34,7 +34,7 @@ from proxy.http.h1write import LAST_CHUNK, check_fields, chunk, reason_phrase, r
 from proxy.http.messages import HOP_BY_HOP, Headers, header_value
 
 if TYPE_CHECKING:
-    from proxy.http.h1server import H1Connection
+    from proxy.http.h1server import H1ServerConnection
 
 HIGH_WATER = 262_144  # body bytes a watcher buffers for a handler that is not reading (then it stops)
 NO_BODY_STATUS = frozenset({204, 304})
@@ -54,7 +54,9 @@ class H1Body(BufferedBody):
 
     __slots__ = ("_owner", "buffered")
 
-    def __init__(self, owner: H1Connection, content_length: int | None, limit: int, expect_continue: bool) -> None:
+    def __init__(
+        self, owner: H1ServerConnection, content_length: int | None, limit: int, expect_continue: bool
+    ) -> None:
         super().__init__(content_length, limit)
         self._owner = owner
         self.buffered = 0  # fed and not yet consumed
@@ -91,7 +93,7 @@ class H1Sink:
         "status",
     )
 
-    def __init__(self, owner: H1Connection, head_request: bool) -> None:
+    def __init__(self, owner: H1ServerConnection, head_request: bool) -> None:
         self._owner = owner
         self._has_body = not head_request
         self._chunked = False
@@ -190,7 +192,7 @@ class H1Sink:
         return response_head(status, fields)
 
 
-def _accepts_trailers(owner: H1Connection) -> bool:
+def _accepts_trailers(owner: H1ServerConnection) -> bool:
     """The current request carries `te: trailers` (looked up only when trailers are to be sent)."""
     request = owner._request  # the connection's current exchange, whose sink this is
     te = None if request is None else header_value(request.headers, b"te")

@@ -3,7 +3,7 @@
 Theory of operation: `serve()` binds, then runs two nurseries: the inner one holds
 the accept loops, the outer one every connection and the server's `Patrol`
 (phase deadlines, eviction, hung-up clients: proxy/http/patrol.py). Each accepted
-connection starts as an `h1server.H1Connection`, which reads its first bytes
+connection starts as an `h1server.H1ServerConnection`, which reads its first bytes
 under the header timeout (from accept): the HTTP/2 connection preface (`PRI *
 HTTP/2.0...`, prior knowledge) hands the connection to `h2server.H2ServerConnection`,
 anything else is served as HTTP/1.1; both call the same handler through
@@ -56,7 +56,7 @@ import trio
 
 from proxy.errors import StartupError
 from proxy.http.exchange import CLIENT, ServerContext
-from proxy.http.h1server import PREFACE, H1Connection
+from proxy.http.h1server import PREFACE, H1ServerConnection
 from proxy.http.h2server import H2ServerConnection
 from proxy.http.messages import Handler
 from proxy.http.ratelog import RateLimitedLog
@@ -163,7 +163,7 @@ class Server:
         self._fd_reserve = fd_reserve
         self._fd_cap: int | None = None  # set at serve() when the open-file limit lowers max_connections
         self._address = ""
-        self._connections: set[H1Connection | H2ServerConnection] = set()
+        self._connections: set[H1ServerConnection | H2ServerConnection] = set()
         self._open = 0
         self._evicting = 0  # evicted, not yet closed: their slots are as good as free
         self._evicted = 0
@@ -212,7 +212,7 @@ class Server:
     def statistics(self) -> ServerStatistics:
         ctx = self._ctx
         h2 = sum(1 for c in self._connections if isinstance(c, H2ServerConnection))
-        detecting = sum(1 for c in self._connections if isinstance(c, H1Connection) and c.detecting)
+        detecting = sum(1 for c in self._connections if isinstance(c, H1ServerConnection) and c.detecting)
         return ServerStatistics(
             name=self.name,
             address=self._address,
@@ -326,8 +326,8 @@ class Server:
     async def _connection(self, stream: trio.SocketStream, peer: str) -> None:
         accepted_at = trio.current_time()
         CLIENT.set(peer)  # this task's context: the connection's tasks inherit it (log lines name the peer)
-        h1 = H1Connection(self._ctx, stream, peer, accepted_at)
-        conn: H1Connection | H2ServerConnection = h1
+        h1 = H1ServerConnection(self._ctx, stream, peer, accepted_at)
+        conn: H1ServerConnection | H2ServerConnection = h1
         try:
             self._connections.add(conn)
             await self._serve(conn)
@@ -352,7 +352,7 @@ class Server:
             if not self._open and self._ctx.draining:
                 self._all_closed.set()
 
-    async def _serve(self, conn: H1Connection | H2ServerConnection, initial: bytes | None = None) -> None:
+    async def _serve(self, conn: H1ServerConnection | H2ServerConnection, initial: bytes | None = None) -> None:
         # connections_open{protocol="http1"} counts a connection from accept (while it is told apart from h2c).
         gauge = self._gauges[conn.protocol] if self._gauges else None
         if gauge is not None:

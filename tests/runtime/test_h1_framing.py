@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from proxy.http.exchange import ServerContext
-from proxy.http.h1server import H1Connection
+from proxy.http.h1server import H1ServerConnection
 from proxy.policy.schema import Listen
 from proxy.testing.handlers import Gate, echo, hello
 
@@ -68,7 +68,7 @@ def status(head: bytes) -> int:
 async def connection(handler, limits: Listen = LIMITS):
     client_stream, server_stream = trio.testing.memory_stream_pair()
     ctx = ServerContext(handler, limits, None)
-    conn = H1Connection(ctx, server_stream, "192.0.2.7", trio.current_time())
+    conn = H1ServerConnection(ctx, server_stream, "192.0.2.7", trio.current_time())
     done = trio.Event()
 
     async def run() -> None:

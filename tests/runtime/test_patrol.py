@@ -1,6 +1,6 @@
 """The patrol: phase deadlines to the exact virtual second, the eviction order, watchers only for long requests.
 
-Fake connections stand in for H1Connection (the patrol only reads `since` and
+Fake connections stand in for H1ServerConnection (the patrol only reads `since` and
 `requests` and calls `expire` / `watch_peer`), on trio's autojump clock.
 """
 

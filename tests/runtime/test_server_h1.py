@@ -13,7 +13,7 @@ import trio.testing
 
 from proxy.errors import ProtocolError
 from proxy.http.exchange import ServerContext
-from proxy.http.h1server import H1Connection
+from proxy.http.h1server import H1ServerConnection
 from proxy.metrics import Metrics
 from proxy.policy.schema import Listen
 from proxy.testing.handlers import Gate, Router, echo, hello, stream_echo
@@ -70,7 +70,7 @@ class Client:
 async def connection(handler, limits: Listen = LIMITS, metrics: Metrics | None = None):
     client_stream, server_stream = trio.testing.memory_stream_pair()
     ctx = ServerContext(handler, limits, metrics)
-    conn = H1Connection(ctx, server_stream, "192.0.2.7", trio.current_time())
+    conn = H1ServerConnection(ctx, server_stream, "192.0.2.7", trio.current_time())
     done = trio.Event()
 
     async def run() -> None:

@@ -15,7 +15,7 @@ import trio
 
 from proxy.errors import StartupError
 from proxy.http import server as server_module
-from proxy.http.h1server import H1Connection
+from proxy.http.h1server import H1ServerConnection
 from proxy.http.server import Server, fd_cap
 from proxy.policy.schema import Listen
 from proxy.testing.handlers import hello
@@ -91,7 +91,7 @@ async def test_a_failed_connection_is_logged_with_its_peer(monkeypatch, caplog):
     async def broken(self, initial=None):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(H1Connection, "run", broken)
+    monkeypatch.setattr(H1ServerConnection, "run", broken)
     server = Server(hello, Listen())
     with caplog.at_level(logging.ERROR, logger="rampmeter.server"), trio.fail_after(10):
         async with trio.open_nursery() as nursery:

@@ -112,7 +112,7 @@ async def test_a_connection_that_fails_is_logged_with_its_peer_and_rate_limited(
             pass
         raise RuntimeError("a bug in the connection code")
 
-    monkeypatch.setattr(server_module.H1Connection, "run", broken_run)
+    monkeypatch.setattr(server_module.H1ServerConnection, "run", broken_run)
     caplog.set_level(logging.DEBUG, logger="rampmeter.server")
 
     async def handler(request, sink) -> None:
