@@ -158,6 +158,13 @@ def _sampled(reps: list[dict], a: str, b: str) -> str:
     return f"{_fmt(mean(a), '.1f')} / {_fmt(mean(b), '.1f')}"
 
 
+def _running_while_queued(reps: list[dict]) -> float | None:
+    """Mean engine running over the readings at which the sidecar queued (median over repeats)."""
+    values = [r.get("sampled", {}).get("running_while_queued") for r in reps]
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
 def _fmt(v, spec: str = ".0f") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -179,8 +186,9 @@ def markdown(runs: dict, quick: bool) -> str:
             f"default budget {c['budget_ms']} ms; capacity (direct, closed loop) {r.get('capacity_rps', 0):.1f}/s.",
             "",
             "| case | target | req | ok | good/s | p50 ms | p99 ms | short p50 | long p50 | sheds | other non-2xx "
-            "| busy after s | sidecar CPU us/req | engine running / waiting (mean) | sidecar limit / queued (mean) |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| busy after s | sidecar CPU us/req | engine running / waiting (mean) | sidecar limit / queued (mean) "
+            "| engine running while sidecar queued |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for case, per_target in r.get("cases", {}).items():
             for tname, reps in per_target.items():
@@ -192,7 +200,8 @@ def markdown(runs: dict, quick: bool) -> str:
                     f"| {sum(x['requests'] - x['ok'] - x['sheds'] for x in reps)} "
                     f"| {_fmt(_median(reps, 'backend_busy_after_s'), '.1f')} "
                     f"| {_fmt(_median(reps, 'sidecar_cpu_us_per_request'))} "
-                    f"| {_sampled(reps, 'running', 'waiting')} | {_sampled(reps, 'limit', 'queued')} |"
+                    f"| {_sampled(reps, 'running', 'waiting')} | {_sampled(reps, 'limit', 'queued')} "
+                    f"| {_fmt(_running_while_queued(reps), '.1f')} |"
                 )
         lines.append("")
     return "\n".join(lines)

@@ -109,6 +109,7 @@ class Sampler:
     metrics_url: str | None
     admin_url: str | None
     rows: list[dict] = field(default_factory=list)
+    _t0: float = 0.0
 
     async def run(self, trace: lt.Trace, target: lt.Target) -> lt.RunResult:
         async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client, trio.open_nursery() as nursery:
@@ -119,9 +120,10 @@ class Sampler:
         return result
 
     async def _poll(self, client: httpx.AsyncClient) -> None:
+        self._t0 = trio.current_time()
         n = 0
         while True:
-            row: dict = {}
+            row: dict = {"t": round(trio.current_time() - self._t0, 2)}
             n += 1
             try:
                 if self.metrics_url:
@@ -134,7 +136,7 @@ class Sampler:
                     row |= {"limit": up["limit"], "inflight": up["inflight"], "queued": adm["queued"]}
             except (httpx.HTTPError, ValueError, KeyError, IndexError):
                 pass
-            if row:
+            if len(row) > 1:
                 self.rows.append(row)
             await trio.sleep(SAMPLE_S)
 
@@ -147,6 +149,11 @@ class Sampler:
         waits = [r["waiting"] for r in self.rows if r.get("waiting") is not None]
         if waits:
             out["waiting_share"] = sum(1 for w in waits if w >= 1) / len(waits)
+        # While the sidecar held a queue: did the engine run full (the figure the engine_queue limit is for)?
+        held = [r for r in self.rows if (r.get("queued") or 0) >= 1 and r.get("running") is not None]
+        if held:
+            out["running_while_queued"] = statistics.fmean(r["running"] for r in held)
+        out["rows"] = self.rows  # the time series, seconds since the run began
         return out
 
 

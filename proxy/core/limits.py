@@ -29,12 +29,15 @@ admission controller enforces it. Each change records its reason
   some waiting now, and the engine running as many as it has been seen to run:
   a request that arrived between two engine steps waits a moment below the
   engine's capacity, which is no queue) the limit drops by what waits there
-  (to what the sidecar has in flight less the engine's waiting, at least what
-  the engine runs: requests in the server's front end are no queue); while
-  nothing waits there and the sidecar uses its whole limit, it grows by one
-  per reading.
-  It settles at the largest limit the engine runs without queueing, so the
-  engine runs full batches and every queued request is ordered by rampmeter.
+  beyond one request (to what the sidecar has in flight less the decayed mean
+  of the engine's waiting, plus the one, at least what the engine runs:
+  requests in the server's front end are no queue); while nothing waits there,
+  or the one waits while more sequences are idle than it fills, and the
+  sidecar uses its whole limit, it grows by one per reading.
+  It settles at the largest limit at which at most one request waits in the
+  engine, so the engine runs full batches (the waiting one takes the next free
+  sequence at once, where one held in the sidecar would first cross the
+  server's front end) and every other queued request is ordered by rampmeter.
 - The gradient limit takes the same reading as a ceiling (`on_engine`): it
   never climbs above what the engine runs without queueing (issue 12: the
   shipped llm-chat policy's gradient limit climbed to 21-36 over vLLM's 8
@@ -67,6 +70,11 @@ WAITING_ALPHA = 0.3  # decay of the engine's waiting count over readings
 STANDING = 0.5  # a decayed mean waiting at or above this (and someone waiting now) is a queue
 
 
+# One request may wait inside the engine: it takes the next free sequence at once, where one held in
+# the sidecar would first cross the server's front end (vLLM's CPU build: ~100 ms on a busy machine).
+# Without it, the limit was cut at every reading that caught the front end holding fewer than usual,
+# and vLLM ran 4.5-5.7 of its 8 sequences while the sidecar queued (bench/real_servers, 2026-12-01).
+KEEP_WAITING = 1.0
 PEAK_DECAY = 0.999  # the most the engine was seen running fades by this per reading (~700 to halve)
 
 
@@ -86,14 +94,20 @@ class EngineQueue:
         runs = running if running is not None else max(0.0, inflight - waiting)  # Triton: pending only
         self.peak_running = max(runs, self.peak_running * PEAK_DECAY)
         at_capacity = runs >= self.peak_running - 0.5
-        if waiting >= 1 and self.waiting_mean >= STANDING and at_capacity:
-            # Take off what waits inside the engine, not what is on its way in or out of it (the HTTP
-            # front end, tokenizing, the answer being written): dropping to `runs` left vLLM's CPU
-            # build running 3.5-5.7 of its 8 while requests queued in the sidecar.
-            new = max(lo, min(self.limit, max(runs, inflight - waiting)))
+        if waiting > KEEP_WAITING and self.waiting_mean >= KEEP_WAITING + STANDING and at_capacity:
+            # Take off what has waited inside the engine beyond the one kept there, on average (one
+            # reading catches the front end's share at a random moment), and not what is on its way in
+            # or out of it (the HTTP front end, tokenizing, the answer being written).
+            new = max(lo, min(self.limit, max(runs, inflight - self.waiting_mean + KEEP_WAITING)))
             if new < self.limit:
                 self.limit, self.reason = new, "engine_queue"
-        elif waiting < 1 and inflight >= int(self.limit) and self.limit < hi:
+        elif (
+            inflight >= int(self.limit)
+            and self.limit < hi
+            and (waiting < 1 or (waiting <= KEEP_WAITING and runs + waiting < self.peak_running - 0.5))
+        ):
+            # Nothing waits in the engine, or at most the kept one waits while more sequences are idle
+            # than it fills: what the sidecar holds back would run at once.
             self.limit, self.reason = min(float(hi), self.limit + 1.0), "engine_idle"
         return self.limit
 

@@ -135,7 +135,9 @@ async def test_the_limit_comes_down_to_what_the_engine_runs_and_its_queue_stays_
         # from 16 to about the engine's 4 (it probes one above now and then; requests in transit
         # between the sidecar and the engine read as room in the engine)
         assert 4 <= limit <= 6, stats["admission"]["upstreams"]
-        assert sum(waiting) / len(waiting) <= 1.0  # the queue waits in the sidecar, where it is ordered
+        # the queue waits in the sidecar, where it is ordered: inside the engine, the one request it may
+        # keep (to take the next free sequence at once), and a second at moments
+        assert sum(waiting) / len(waiting) <= 2.0
         latest = stats["upstream_metrics"]["latest"][0]
         assert latest["running"] is not None and latest["waiting"] is not None  # the engine's gauges, shown
 
@@ -157,17 +159,21 @@ max_limit = 16
 """
 
 
-async def test_the_engine_queue_limit_leaves_room_for_what_the_servers_front_end_holds(tmp_path):
+@pytest.mark.parametrize("spread", [0.0, 1.0])
+async def test_the_engine_queue_limit_leaves_room_for_what_the_servers_front_end_holds(tmp_path, spread):
     """vLLM's CPU build holds requests in its HTTP front end, outside the engine's gauges: the limit
     must count them on top of the batch, or the engine runs part empty while the sidecar queues.
-    Here each request spends 60 ms in the front end before the engine counts it and 60 ms after.
+    Here each request spends 60 ms in the front end before the engine counts it and 60 ms after
+    (with spread 1.0: 0-120 ms each way, so a reading catches more or fewer there).
     (What a drop takes off, the engine's queue and not the front end's requests, is checked by
     readings by hand in tests/core/test_engine_queue_transit.py; here the gauges are read every
     0.1 s, so even a limit that dropped to the batch would regrow within a few readings.)"""
     path = tmp_path / "policy.toml"
     path.write_text(FRONTEND_POLICY)
     with (
-        sim_pod("--max-num-seqs", "4", "--frontend-ms", "60", profile="llm", speed=1.0) as pod,
+        sim_pod(
+            "--max-num-seqs", "4", "--frontend-ms", "60", "--frontend-spread", str(spread), profile="llm", speed=1.0
+        ) as pod,
         sidecar(pod.url(), policy=str(path)) as proxy,
     ):
         running: list[float] = []
@@ -182,7 +188,7 @@ async def test_the_engine_queue_limit_leaves_room_for_what_the_servers_front_end
                 for _ in range(16):  # four times what the engine runs at once
                     nursery.start_soon(client_loop)
                 await trio.sleep(5.0)
-                for _ in range(40):
+                for _ in range(80):
                     engine = (await client.get(pod.url() + "/sim/stats")).json()
                     running.append(engine["running"])
                     waiting.append(engine["waiting"])
@@ -191,6 +197,8 @@ async def test_the_engine_queue_limit_leaves_room_for_what_the_servers_front_end
                 nursery.cancel_scope.cancel()
         up = stats["admission"]["upstreams"][0]
         assert up["limit"] > 4, up  # above the batch: the front end's requests come on top
-        # The engine runs (nearly) full and its own queue stays short: the rest waits in the sidecar.
-        assert sum(running) / len(running) >= 3.0, (running, up)
-        assert sum(waiting) / len(waiting) <= 1.5, (waiting, up)
+        # The engine runs (nearly) full and its own queue stays short: the one request it may keep, and
+        # a second at moments; the rest waits in the sidecar. (The rule that kept none ran 3.63-3.65 of
+        # the 4 here, with or without the spread; this one 3.88-4.0.)
+        assert sum(running) / len(running) >= 3.75, (running, up)
+        assert sum(waiting) / len(waiting) <= 2.0, (waiting, up)

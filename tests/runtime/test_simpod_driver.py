@@ -145,3 +145,16 @@ def test_cli_flags_build_the_profile_faults_and_cold_start() -> None:
     assert parser.parse_args([]).listen == "127.0.0.1:8000"
     with pytest.raises(ValueError):
         cli.build_pod(parser.parse_args(["--speed", "0"]))
+
+
+def test_the_front_end_crossing_is_fixed_or_spread_by_a_seeded_draw() -> None:
+    fixed = Pod(FLAT.with_overrides(frontend_ms=60.0))
+    assert [fixed.frontend_s() for _ in range(20)] == pytest.approx([0.06] * 20)
+    spread = FLAT.with_overrides(frontend_ms=60.0, frontend_spread=1.0)
+    draws = [Pod(spread, seed=3).frontend_s() for _ in range(2)]
+    assert draws[0] == draws[1]  # the same seed, the same crossing
+    many = [d for pod in [Pod(spread, seed=3)] for d in (pod.frontend_s() for _ in range(200))]
+    assert all(0.0 <= d <= 0.12 for d in many) and max(many) - min(many) > 0.08  # 0-120 ms, varied
+    assert Pod(FLAT).frontend_s() == 0.0
+    with pytest.raises(ValueError, match="frontend_spread"):
+        FLAT.with_overrides(frontend_spread=1.5)

@@ -121,17 +121,16 @@ class PodAPI:
             self.counters.injected_errors += 1
             return await self._error(sink, 500, "simulated fault: the engine failed", "internal_server_error")
         key = request.header(IDEMPOTENCY_KEY.encode())
-        frontend_s = self.pod.profile.frontend_ms * self.pod.profile.ms_to_s
-        if frontend_s:
-            await trio.sleep(frontend_s)  # the front end: the engine does not count it yet
+        if self.pod.profile.frontend_ms:
+            await trio.sleep(self.pod.frontend_s())  # the front end: the engine does not count it yet
         seq = self.pod.submit(job, deadline=deadline, key=None if key is None else key.decode("latin-1"))
         try:
             if job.stream:
                 await self._stream(seq, job, sink)
                 return
             await self.pod.wait_done(seq)
-            if frontend_s:
-                await trio.sleep(frontend_s)  # the answer being written, after the engine let it go
+            if self.pod.profile.frontend_ms:
+                await trio.sleep(self.pod.frontend_s())  # the answer being written, after the engine let it go
             if kind == EMBEDDING:
                 body = shapes.embeddings_body(job, self.pod.profile.embedding_dim, job.encoding_format)
             else:

@@ -62,6 +62,7 @@ class Pod:
         self.engine = Engine(profile, cold_penalty=cold_penalty, cold_penalty_requests=cold_penalty_requests)
         self.faults = faults if faults is not None else Faults()
         self._rng = random.Random(seed)  # error draws: reproducible given the arrival order
+        self._frontend_rng = random.Random(seed + 1)  # front-end crossings: apart, so error draws stay as they were
         self.instance_id = uuid.uuid4().hex  # new per process start: restart detection keys on it
         self.started_at = time.time()  # wall clock, for humans and restart detection
         self._t0: float | None = None
@@ -114,6 +115,14 @@ class Pod:
         """Whether the fault in force fails this request (seeded draw)."""
         rate = self.faults.at(self.elapsed()).error_rate
         return rate > 0.0 and self._rng.random() < rate
+
+    def frontend_s(self) -> float:
+        """Seconds one crossing of the HTTP front end takes (profile frontend_ms, spread by a seeded draw)."""
+        p = self.profile
+        if not p.frontend_ms:
+            return 0.0
+        spread = p.frontend_spread * (2.0 * self._frontend_rng.random() - 1.0) if p.frontend_spread else 0.0
+        return p.frontend_ms * (1.0 + spread) * p.ms_to_s
 
     def submit(self, job: Job, *, deadline: float | None = None, key: str | None = None) -> Sequence:
         seq = self.engine.submit(job, trio.current_time(), deadline=deadline, key=key)

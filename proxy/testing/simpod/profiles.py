@@ -44,7 +44,10 @@ field, so any profile can take any of them (`--stops-on-cancel false` ...):
 - `frontend_ms`: a request spends this long in the server's HTTP front end before
   the engine counts it (parsing, tokenizing) and again after it ends (the answer
   being written), outside the engine's gauges: vLLM's CPU build on a busy machine
-  held 3-4 requests there (bench/real_servers, 2026-12-01).
+  held 3-4 requests there (bench/real_servers, 2026-12-01). `frontend_spread`
+  makes each crossing vary (on a busy machine the front end holds more or fewer
+  from moment to moment, which a limit read from the gauges must not mistake
+  for the engine's queue).
 
 Two more built-in profiles carry those habits:
 - "serial": a llama.cpp-style server on CPU: one request at a time, first come
@@ -100,6 +103,9 @@ class Profile:
     frontend_ms: float = _f(
         0.0, "ms a request spends in the HTTP front end before the engine sees it, and again after it ends"
     )
+    frontend_spread: float = _f(
+        0.0, "0..1: each front-end crossing takes frontend_ms x uniform(1 - spread, 1 + spread) (seeded)"
+    )
 
     def __post_init__(self) -> None:
         for name in ("base_ms", "per_seq_ms", "prefill_ms_per_token", "stop_mean_tokens", "frontend_ms"):
@@ -108,6 +114,8 @@ class Profile:
         for name in ("max_num_seqs", "kv_capacity_tokens", "max_model_len", "default_max_tokens", "embedding_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if not 0.0 <= self.frontend_spread <= 1.0:
+            raise ValueError("frontend_spread must be within 0..1")
         if self.fixed_steps < 0:
             raise ValueError("fixed_steps must be >= 0")
         if self.chars_per_token <= 0 or self.speed <= 0:
