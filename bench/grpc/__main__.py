@@ -92,7 +92,7 @@ def _ok(url: str) -> bool:
 
 
 def rejections(proc: Proc) -> float:
-    text = httpx.get(proc.url("admin") + "/metrics", timeout=5).text
+    text = httpx.get(proc.url("admin") + "/metrics", timeout=30).text  # a starved sidecar answers late
     return sum(float(v) for v in re.findall(r"^rampmeter_rejections_total\{[^}]*\} (\S+)$", text, re.M))
 
 

@@ -50,6 +50,7 @@ class Run:
     t0: float = 0.0
     codes: Counter = field(default_factory=Counter)
     reasons: Counter = field(default_factory=Counter)  # x-rampmeter-reason of calls that ended rejected
+    pushback_ms: list[int] = field(default_factory=list)  # grpc-retry-pushback-ms of calls that ended rejected
 
     @property
     def ok(self) -> int:
@@ -78,6 +79,8 @@ async def _call(stub, payload: bytes, timeout: float, run: Run, started: float) 
         for key, value in exc.trailing_metadata() or ():
             if key == "x-rampmeter-reason":
                 run.reasons[value] += 1
+            elif key == "grpc-retry-pushback-ms" and value.lstrip("-").isdigit():
+                run.pushback_ms.append(int(value))
 
 
 async def open_loop(
@@ -87,7 +90,7 @@ async def open_loop(
     async with aio.insecure_channel(target, options=options or _OPTIONS) as channel:
         stub = channel.unary_unary(f"/{SERVICE}/{method}")
         if method == "Unary":
-            await stub(b"warm", timeout=timeout)  # the connection is up before the clock starts
+            await stub(b"warm", timeout=60)  # the connection is up before the clock starts (a busy machine: late)
         tasks = []
         t0 = run.t0 = time.perf_counter()
         n = int(rate * seconds)

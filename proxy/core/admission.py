@@ -119,6 +119,10 @@ class Gate(Protocol):
         """A ticket of `klass` left the queue for upstream after `wait_ms`."""
         ...
 
+    def pushback(self, wait_ms: float, now: float, slot_ms: float, remaining_ms: float) -> int | None:
+        """Retry-After (ms) for a full queue behind the retries already promised (RetryAfter.schedule)."""
+        ...
+
 
 _NOTHING_OBSERVED = Observed()
 # A ticket that would have to queue but cannot afford any wait (now >= its expiry time).
@@ -233,7 +237,11 @@ class AdmissionController:
         if line.depth(ticket.klass) > line.classes[ticket.klass].max_queue_length:
             self._remove(entry)
             back_ms = load.expected_wait_ms(ticket.klass, float("inf"), now)
-            retry_ms = default_retry_after(back_ms) if self.gate is None else self.gate.retry_after(back_ms)
+            if self.gate is None:
+                retry_ms = default_retry_after(back_ms)
+            else:  # behind the retries already promised, a slot interval each (core/retry_after.py schedule)
+                slot_ms = load.slot_ms(ticket.expected_ms) / max(1, sum(self.capacity.requests))
+                retry_ms = self.gate.pushback(back_ms, now, slot_ms, (ticket.deadline - now) * 1000.0)
             message = f"the {ticket.klass} queue is at its max_queue_length"
             return self._reject(Reject(Reason.CLASS_QUEUE_FULL, retry_ms, message))
         load.accepted(ticket, now)  # accepted work only: it is what takes slots

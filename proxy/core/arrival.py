@@ -91,6 +91,9 @@ class ArrivalGate:
     def retry_after(self, wait_ms: float) -> int:
         return self.shedder.retry_after(wait_ms)
 
+    def pushback(self, wait_ms: float, now: float, slot_ms: float, remaining_ms: float) -> int | None:
+        return self.shedder.retry_after.schedule(wait_ms, now, slot_ms, remaining_ms)
+
     def deadline_verdict(
         self, ticket: Ticket, now: float, load: LoadEstimator, service_ms: float
     ) -> dl.Meetable | dl.Unmeetable:

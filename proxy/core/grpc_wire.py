@@ -99,6 +99,20 @@ def percent_encode(message: str) -> bytes:
     return bytes(out)
 
 
+def pushback_within(retry_after_ms: int | None, remaining_ms: float | None) -> int | None:
+    """The pushback to send a caller with `remaining_ms` left of its deadline (None: no deadline).
+
+    A retry that a client's policy would start after its deadline cannot succeed: gRPC
+    waits out the pushback and the call ends DEADLINE_EXCEEDED at its deadline, having
+    held its place in the client the whole time (bench.grpc at 2x with a 5-attempt policy:
+    200-640 of 1,280 calls ended so). So when the wait is not shorter than what is left, the
+    answer is "do not retry" (None here, -1 on the wire) and the call fails fast with
+    UNAVAILABLE instead."""
+    if retry_after_ms is None or remaining_ms is None or retry_after_ms < remaining_ms:
+        return retry_after_ms
+    return None
+
+
 def rejection(
     reason: wire.Reason, message: str, retry_after_ms: int | None, content_type: bytes = CONTENT_TYPES[0]
 ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:

@@ -9,7 +9,9 @@ the client's: every answer the sidecar makes itself, wherever it is decided
 `respond()` carrying `x-rampmeter-reason` (proxy/core/wire.py `rejection()`), and
 that one is rewritten here into `proxy.core.grpc_wire.rejection()`: HTTP 200,
 trailers-only, grpc-status for the reason, grpc-message, grpc-retry-pushback-ms
-with the same jittered wait as the HTTP answer's x-rampmeter-retry-after-ms.
+with the same jittered wait as the HTTP answer's x-rampmeter-retry-after-ms, or -1
+(do not retry) when that wait would end past the call's deadline (its grpc-timeout,
+counted from when the request was read: `grpc_wire.pushback_within`).
 The upstream's own responses pass untouched (a gRPC server answers 200 with its
 own status; a reason header from an upstream only counts on an error status,
 which a gRPC server does not send).
@@ -21,6 +23,7 @@ deciding code stays one shape (decisions as values) and no path can forget it.
 from __future__ import annotations
 
 import msgspec
+import trio
 
 from proxy.core import grpc_wire, wire
 from proxy.http.messages import Headers, Request, ResponseSink, header_value
@@ -28,6 +31,7 @@ from proxy.http.messages import Headers, Request, ResponseSink, header_value
 _CONTENT_TYPE = b"content-type"
 _REASON = wire.REASON.encode()
 _RETRY_AFTER_MS = wire.RETRY_AFTER_MS.encode()
+_GRPC_TIMEOUT = wire.GRPC_TIMEOUT.encode()
 _MAX_BODY = 16_384  # the sidecar's own JSON answers are a few hundred bytes
 
 
@@ -47,10 +51,19 @@ def for_request(request: Request, sink: ResponseSink) -> ResponseSink:
     content_type = request.header(_CONTENT_TYPE)
     if content_type is None or not grpc_wire.is_grpc(content_type):
         return sink
-    return GrpcAnswers(sink, content_type.split(b";", 1)[0].strip().lower())
+    deadline = None
+    timeout = request.header(_GRPC_TIMEOUT)
+    if timeout is not None:
+        try:
+            deadline = trio.current_time() + wire.parse_grpc_timeout_ms(timeout) / 1000.0
+        except wire.HeaderError:
+            pass  # the request path answers the malformed header itself (bad_request)
+    return GrpcAnswers(sink, content_type.split(b";", 1)[0].strip().lower(), deadline)
 
 
-def reshape(status: int, headers: Headers, body: bytes, content_type: bytes) -> tuple[int, Headers, bytes] | None:
+def reshape(
+    status: int, headers: Headers, body: bytes, content_type: bytes, remaining_ms: float | None = None
+) -> tuple[int, Headers, bytes] | None:
     """The gRPC form of a sidecar answer, or None when it is not one (the upstream's response)."""
     if status < 400:
         return None
@@ -63,6 +76,7 @@ def reshape(status: int, headers: Headers, body: bytes, content_type: bytes) -> 
         return None
     retry = header_value(headers, _RETRY_AFTER_MS)
     retry_after_ms = int(retry) if retry is not None and retry.isdigit() else None
+    retry_after_ms = grpc_wire.pushback_within(retry_after_ms, remaining_ms)
     return grpc_wire.rejection(reason, _message(body) or reason.value, retry_after_ms, content_type)
 
 
@@ -79,18 +93,20 @@ def _message(body: bytes) -> str:
 class GrpcAnswers:
     """A ResponseSink that writes the sidecar's rejections gRPC-shaped and passes the rest as it is."""
 
-    __slots__ = ("_content_type", "_sink")
+    __slots__ = ("_content_type", "_deadline", "_sink")
 
-    def __init__(self, sink: ResponseSink, content_type: bytes) -> None:
+    def __init__(self, sink: ResponseSink, content_type: bytes, deadline: float | None = None) -> None:
         self._sink = sink
         self._content_type = content_type
+        self._deadline = deadline  # trio time the call's grpc-timeout ends; None without one
 
     @property
     def headers_sent(self) -> bool:
         return self._sink.headers_sent
 
     async def respond(self, status: int, headers: Headers, body: bytes = b"") -> None:
-        shaped = reshape(status, headers, body, self._content_type)
+        remaining = None if self._deadline is None else (self._deadline - trio.current_time()) * 1000.0
+        shaped = reshape(status, headers, body, self._content_type, remaining)
         if shaped is None:
             await self._sink.respond(status, headers, body)
         else:

@@ -306,6 +306,9 @@ class _Gate:
     def retry_after(self, wait_ms: float) -> int:
         return 4242
 
+    def pushback(self, wait_ms: float, now: float, slot_ms: float, remaining_ms: float) -> int | None:
+        return 4242
+
     def dequeued(self, klass: str, wait_ms: float, now: float) -> None:
         self.dequeued_waits.append((klass, wait_ms, now))
 

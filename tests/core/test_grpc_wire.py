@@ -62,3 +62,15 @@ def test_grpc_message_is_percent_encoded_printable_ascii(message):
     assert all(0x20 <= b <= 0x7E for b in encoded)
     if len(message) <= 512:
         assert unquote(encoded.decode("ascii"), errors="strict") == message
+
+
+@given(st.one_of(st.none(), st.integers(0, 10**7)), st.one_of(st.none(), st.floats(-1e7, 1e7)))
+def test_a_pushback_past_the_deadline_becomes_do_not_retry(retry_ms, remaining_ms):
+    out = grpc_wire.pushback_within(retry_ms, remaining_ms)
+    if retry_ms is not None and remaining_ms is not None and retry_ms >= remaining_ms:
+        assert out is None  # the retry would start after the deadline: -1 on the wire
+    else:
+        assert out == retry_ms  # no deadline, no pushback, or a retry that lands in time: unchanged
+    if out is None and retry_ms is not None:
+        status, headers, _ = grpc_wire.rejection(wire.Reason.QUEUE_FULL, "full", out)
+        assert dict(headers)[grpc_wire.RETRY_PUSHBACK_MS] == b"-1"

@@ -81,3 +81,47 @@ def test_the_wire_writes_whole_seconds_rounded_up_and_the_exact_ms():
     values = dict(headers)
     assert values[RETRY_AFTER.encode()] == b"2"
     assert values[RETRY_AFTER_MS.encode()] == b"1234"
+
+
+# --- scheduled pushback: a virtual queue of promised retries (hand clock) ---
+
+
+def test_promised_retries_are_spread_one_slot_apart_behind_the_queue():
+    ra = RetryAfter(0, 30_000, 0.2, FixedRandom(0.0))
+    now = 100.0
+    # the queue drains in 200 ms; a slot frees every 12.5 ms: promises at 200, 212.5, 225, ...
+    got = [ra.schedule(200.0, now, 12.5) for _ in range(4)]
+    assert all(abs(g - want) <= 1 for g, want in zip(got, [200, 212.5, 225, 237.5], strict=True))
+    # later, the line has moved on with the clock: 250 ms after, the tail (250 ms) is behind us
+    assert ra.schedule(200.0, now + 0.25, 12.5) == 200
+
+
+def test_a_promise_past_the_deadline_is_not_made():
+    ra = RetryAfter(0, 30_000, 0.2, FixedRandom(0.5))
+    assert ra.schedule(300.0, 0.0, 10.0, remaining_ms=300.0) is None  # would start at the deadline
+    assert ra.schedule(300.0, 0.0, 10.0, remaining_ms=306.0) == 305  # the refused one took no slot
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0, 5_000), st.floats(0, 2.0), st.floats(0, 100), st.floats(0, 10_000), st.floats(0, 1 - 1e-9)
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_schedule_is_bounded_never_before_the_drain_and_inside_the_deadline(calls):
+    rng = FixedRandom(0.0)
+    ra = RetryAfter(100, 8_000, 0.2, rng)
+    now = 0.0
+    for drain, step_s, slot_ms, remaining_ms, u in calls:
+        now += step_s
+        rng.u = u
+        got = ra.schedule(drain, now, slot_ms, remaining_ms)
+        if got is None:  # refused: only a deadline does that, and even the queue's drain reaches it or the line does
+            assert remaining_ms <= 8_000 + slot_ms + 1 or drain >= remaining_ms
+            continue
+        assert 100 <= got <= 8_000
+        assert got >= min(math.floor(drain), 8_000)  # not before the queue ahead drains
+        assert got < remaining_ms  # the retry starts before the caller's deadline

@@ -126,7 +126,11 @@ def test_a_tenant_over_its_quota_is_resource_exhausted(tight) -> None:
     err = failure(unary, b"second", timeout=10, metadata=tenant("quota"))
     assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
     md = trailing(err)
-    assert md["x-rampmeter-reason"] == "tenant_quota" and int(md["grpc-retry-pushback-ms"]) > 0
+    # the bucket refills in 100 s (rate_per_s 0.01), after this call's 10 s deadline: do not retry
+    assert md["x-rampmeter-reason"] == "tenant_quota" and md["grpc-retry-pushback-ms"] == "-1"
+    err = failure(unary, b"third", metadata=tenant("quota"))  # no deadline: the refill time is the pushback
+    md = trailing(err)
+    assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and int(md["grpc-retry-pushback-ms"]) > 10_000
 
 
 def test_an_unmeetable_deadline_is_deadline_exceeded_at_once(tight) -> None:

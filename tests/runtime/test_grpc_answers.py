@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import trio
 
 from proxy.core import grpc_wire, wire
 from proxy.core.decisions import Reject
@@ -71,3 +72,15 @@ async def test_only_grpc_requests_are_wrapped_and_the_content_type_is_kept():
     status, headers, _ = sink.answers[0]
     assert status == 200 and (b"content-type", b"application/grpc+proto") in headers
     assert grpc_wire.status_of(headers) == grpc_wire.Code.RESOURCE_EXHAUSTED
+
+
+async def test_a_pushback_that_outlasts_the_grpc_timeout_says_do_not_retry(autojump_clock):
+    sink = Sink()
+    req = request(b"application/grpc")
+    req.headers.append((b"grpc-timeout", b"800m"))
+    wrapped = for_request(req, sink)
+    await wrapped.respond(*Reject(wire.Reason.QUEUE_FULL, 500, "full").response())  # 500 < 800 left: in time
+    await trio.sleep(0.4)  # 400 ms left now (it waited in the queue)
+    await wrapped.respond(*Reject(wire.Reason.CLASS_QUEUE_FULL, 500, "full").response())
+    pushbacks = [dict(h)[b"grpc-retry-pushback-ms"] for _, h, _ in sink.answers]
+    assert pushbacks == [b"500", b"-1"]  # the second retry would start after the deadline
