@@ -196,10 +196,16 @@ class LatencyFamily:
             window_s, sub_windows, buckets, refresh_s
         )
         self._trackers: dict[object, WindowedQuantiles] = {}  # insertion order = recency of record
+        self._newest: object = None  # the key recorded last (the dict's last key while it is held)
         self._evictions = 0
 
     def record(self, key: object, value_ms: float, now: float) -> None:
-        tracker = self._trackers.pop(key, None)
+        trackers = self._trackers
+        if key == self._newest and key in trackers:  # already the most recent: no pop and re-insert
+            trackers[key].record(value_ms, now)
+            return
+        tracker = trackers.pop(key, None)
+        self._newest = key
         if tracker is None:
             tracker = self._make()
             if len(self._trackers) >= self.max_keys:

@@ -152,3 +152,20 @@ def test_family_answers_none_until_min_samples():
     family.record("route", 40.0, now=0.0)
     assert family.quantile("route", 0.99, now=0.0) == pytest.approx(40.0, rel=0.02)
     assert family.quantile("route", 0.99, now=120.0) is None  # samples aged out
+
+
+def test_recording_the_newest_key_again_keeps_the_recency_order_and_eviction():
+    """LatencyFamily.record skips the pop and re-insert for the key recorded last (the usual
+    case: one route); the order keys() reports and the key evicted are as before."""
+    from proxy.core.quantiles import LatencyFamily
+
+    fam = LatencyFamily(max_keys=2)
+    for key in ["a", "b", "b", "a", "a"]:
+        fam.record(key, 1.0, 0.0)
+    assert fam.keys() == ["b", "a"]
+    fam.record("c", 1.0, 0.0)  # evicts the least recent: b
+    assert fam.keys() == ["a", "c"] and fam.statistics().evictions == 1
+    fam.record("c", 2.0, 0.0)
+    fam.record("b", 1.0, 0.0)  # evicts a
+    assert fam.keys() == ["c", "b"]
+    assert fam.tracker("c").count(0.0) == 2 and fam.tracker("b").count(0.0) == 1
