@@ -105,6 +105,19 @@ class Capacity:
 
     def fits(self, i: int, klass: str, units: int, reserve_only: bool = False) -> int | None:
         """Units to charge for placing `units` of `klass` on upstream i, or None if it does not fit."""
+        if not self.reserved_total:  # no reservations (the usual policy): the general pool is all of it
+            limit = self.limit(i)
+            if limit <= 0:
+                return None
+            charge = min(units, limit)
+            # _fits_reserved with nothing reserved: the general pool's use is used[i] (take/give keep
+            # it the sum of by_class[i]), and any charge grows it, which reserve_only forbids.
+            if self.used[i] + charge > limit or (charge > 0 and reserve_only):
+                return None
+            return charge
+        return self._fits_reserved(i, klass, units, reserve_only)
+
+    def _fits_reserved(self, i: int, klass: str, units: int, reserve_only: bool = False) -> int | None:
         limit = self.limit(i)
         res = self.reservations(i)
         res_total = sum(res.values()) if res is not self.reserved else self.reserved_total

@@ -96,6 +96,12 @@ class CoDel:
     def dropping(self) -> bool:
         return self.mode is Mode.DROPPING
 
+    @property
+    def interval_end(self) -> float:
+        """When the running interval ends (inf before the first sample): until then a sample at or
+        above the interval's minimum changes nothing (Shedder.passes_quiet skips re-observing 0)."""
+        return self._next_end
+
     def _end(self, k: int) -> float:
         return self._t0 + (k + 1) * self._interval_s  # type: ignore[operator]
 

@@ -107,7 +107,7 @@ MAX_PATH_CHARS = 128  # longer paths are cut to this (and marked with "...") bef
 class CostEstimator:
     """Estimates `Cost` for (path, body); built from the policy's routes."""
 
-    __slots__ = ("_catch", "_catch_all", "_fallback", "_max_bytes", "_routes", "_shape_routes", "unmatched")
+    __slots__ = ("_catch", "_catch_all", "_fallback", "_fixed", "_max_bytes", "_routes", "_shape_routes", "unmatched")
 
     def __init__(self, routes: Sequence[Route], parse_max_bytes: int) -> None:
         # Longest prefix first, so the first match is the most specific route.
@@ -119,6 +119,17 @@ class CostEstimator:
         self._catch_all = catch if catch.kind == "fixed" and catch.by_shape else None
         self._shape_routes = {k: _first_of_kind(routes, k) or _ShapeRoute.of(catch, k) for k in SHAPE_KINDS}
         self.unmatched = UnmatchedPaths()
+        # A fixed route's cost is the same value for every request: built once, not per request
+        # (a frozen dataclass costs a few us to build). Keyed by id(): every route is held above.
+        self._fixed: dict[int, Cost] = {}
+
+    def _fixed_cost(self, route: Any) -> Cost:
+        cost = self._fixed.get(id(route))
+        if cost is None:
+            cost = self._fixed[id(route)] = Cost(
+                route.fixed_tokens, 0, route.fixed_tokens, CostSource.FIXED, route.path_prefix
+            )
+        return cost
 
     def route_for(self, path: str) -> Any:
         path = path.split("?", 1)[0]
@@ -147,7 +158,7 @@ class CostEstimator:
 
     def _from_body(self, route: Any, body: bytes) -> Cost:
         if route.kind == "fixed":
-            return Cost(route.fixed_tokens, 0, route.fixed_tokens, CostSource.FIXED, route.path_prefix)
+            return self._fixed_cost(route)
         if len(body) > self._max_bytes:
             return self._by_size(route, body, CostSource.SIZE)
         parsed = self._decode(route, body)
@@ -155,7 +166,7 @@ class CostEstimator:
 
     def _by_shape(self, catch: Any, body: bytes) -> Cost:
         """An unmatched path: chat / completions / embeddings by the body's fields, else the catch-all."""
-        fixed = Cost(catch.fixed_tokens, 0, catch.fixed_tokens, CostSource.FIXED, catch.path_prefix)
+        fixed = self._fixed_cost(catch)
         if not body or len(body) > self._max_bytes or body.lstrip()[:1] != b"{":
             return fixed
         parsed = self._decode(catch, body)

@@ -113,8 +113,10 @@ class LoadEstimator:
         """
         line, cap = self.waitline, self.capacity
         nobody_waits = not len(line) or (exclude is not None and len(line) == 1)
-        if nobody_waits and any(cap.fits(i, klass, 1) is not None for i in range(len(cap))):
-            return 0.0
+        if nobody_waits:
+            for i in range(len(cap)):  # a loop, not any(<genexpr>): this runs on every arrival
+                if cap.fits(i, klass, 1) is not None:
+                    return 0.0
         ahead = line.work_ahead_ms(klass, expected_ms, exclude)
         wait = (ahead + self.inflight_expected_ms / 2.0) / max(1, sum(cap.requests))
         return wait * self.overtaking_factor(klass, now)
@@ -158,6 +160,9 @@ class LoadEstimator:
         if len(self.waitline):
             return False
         cap = self.capacity
+        if len(cap) == 1:  # the usual sidecar: one upstream, no generator per arrival
+            limit = cap.limit(0)
+            return limit <= 0 or cap.requests[0] < limit
         limit = sum(cap.limit(i) for i in range(len(cap)))
         return limit <= 0 or sum(cap.requests) < limit
 

@@ -96,14 +96,18 @@ class WindowedQuantiles:
         self._total = [0] * buckets.size
         self._count = 0
         self._head: int | None = None  # newest epoch seen; time never runs backwards past it
+        self._head_until = -math.inf  # _advance's fast path (see there)
+        self._head_slot: dict[int, int] = {}
         self._cache: dict[float, float | None] = {}
         self._cache_until = -math.inf
 
     def _advance(self, now: float) -> dict[int, int]:
         """The slot for `now`, after dropping slots that left the window."""
+        if now < self._head_until:  # fast path, no division: surely within the newest sub-window (or late)
+            return self._head_slot
         epoch = math.floor(now / self._sub_s)
         head = self._head
-        if head is not None and epoch <= head:  # fast path; late samples count as current
+        if head is not None and epoch <= head:  # late samples count as current
             return self._slots[head % self._n]
         oldest_live = epoch - self._n + 1
         for i, slot_epoch in enumerate(self._slot_epoch):
@@ -112,7 +116,11 @@ class WindowedQuantiles:
         self._head = epoch
         self._slot_epoch[epoch % self._n] = epoch
         self._cache.clear()
-        return self._slots[epoch % self._n]
+        slot = self._head_slot = self._slots[epoch % self._n]
+        # Below this, floor(now / sub_s) <= epoch for certain (the margin covers the division's
+        # rounding); at or above it the exact test above decides.
+        self._head_until = (epoch + 1) * self._sub_s * (1.0 - 1e-9)
+        return slot
 
     def _expire(self, i: int) -> None:
         total, slot = self._total, self._slots[i]
@@ -196,10 +204,16 @@ class LatencyFamily:
             window_s, sub_windows, buckets, refresh_s
         )
         self._trackers: dict[object, WindowedQuantiles] = {}  # insertion order = recency of record
+        self._newest: object = None  # the key recorded last (the dict's last key while it is held)
         self._evictions = 0
 
     def record(self, key: object, value_ms: float, now: float) -> None:
-        tracker = self._trackers.pop(key, None)
+        trackers = self._trackers
+        if key == self._newest and key in trackers:  # already the most recent: no pop and re-insert
+            trackers[key].record(value_ms, now)
+            return
+        tracker = trackers.pop(key, None)
+        self._newest = key
         if tracker is None:
             tracker = self._make()
             if len(self._trackers) >= self.max_keys:

@@ -188,7 +188,7 @@ class ServiceModel:
         below what requests of the same shape that were cut have shown (censored floors)."""
         fill = self.fill.ratio(requested_output_tokens)
         ms = self.predict_ms(prompt_tokens, requested_output_tokens * fill)
-        if now is None:
+        if now is None or not self.floors.informative:  # no cut ever taught a floor: none to look up
             return ms
         return max(ms, self.floors.floor_ms(shape_bucket(prompt_tokens, requested_output_tokens), now))
 
@@ -403,7 +403,7 @@ class ServiceModels:
     def floor_ms(self, route: str, prompt_tokens: int, requested_output_tokens: int, now: float) -> float:
         """The censored floor for this shape now (0 when nothing was cut)."""
         model = self._models.get(route)
-        if model is None:
+        if model is None or not model.floors.informative:  # floors exist only once a cut taught one
             return 0.0
         return model.floors.floor_ms(shape_bucket(prompt_tokens, requested_output_tokens), now)
 
@@ -460,7 +460,7 @@ class ServiceModels:
         else:  # unknown: assume the usual share of what was asked for
             output = round(requested_output_tokens * model.fill.ratio(requested_output_tokens))
         model.observe(prompt, output, ms, expected_ms)
-        if now is not None:
+        if now is not None and model.floors.informative:  # else there is no floor to fade
             model.floors.completed(shape_bucket(prompt_tokens, requested_output_tokens), ms, now)
 
     def statistics(self, now: float | None = None) -> dict[str, Any]:

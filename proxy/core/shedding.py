@@ -129,11 +129,14 @@ class Shedder:
         )
         self._shed = {reason: 0 for reason in (Reason.QUEUE_FULL, Reason.GPU_PRESSURE, Reason.OVERLOADED)}
         self._scale = (0.0, 0.0)  # the (p50, p99) the CoDels were last tuned to
+        # Until then every CoDel's running interval holds a 0 wait already (the minimum any wait can
+        # reach): observing another changes nothing, so the quiet path and on_dequeue skip it.
+        self._zeros_until = -math.inf
         self.spared = 0  # arrivals CoDel would have shed, spared because their deadline holds
 
     def on_dequeue(self, wait_ms: float, rank: int, now: float) -> None:
         """Feed the class's CoDel the wait of each of its requests that leaves the queue."""
-        if self.codels is not None:
+        if self.codels is not None and not now < self._zeros_until:
             self.codels[rank].observe(wait_ms, now)
 
     def codel_scale(self, p50_ms: float, p99_ms: float) -> tuple[float, float]:
@@ -148,6 +151,7 @@ class Shedder:
         if scale == self._scale or self.codels is None:
             return
         self._scale = scale
+        self._zeros_until = -math.inf  # a retune may move the intervals' ends
         target, interval = self.codel_scale(*scale)
         for codel in self.codels:
             codel.retune(target, interval, now)
@@ -186,8 +190,10 @@ class Shedder:
         if codels is not None:
             if (p50_ms, p99_ms) != self._scale:
                 self._retune(LoadSnapshot((), service_p50_ms=p50_ms, service_p99_ms=p99_ms), now)
-            for codel in codels:
-                codel.observe(0.0, now)
+            if not now < self._zeros_until:  # else each running interval holds a 0 already: a no-op
+                for codel in codels:
+                    codel.observe(0.0, now)
+                self._zeros_until = min(codel.interval_end for codel in codels)
             for k in range(rank + 1):
                 if codels[k].dropping:
                     return False

@@ -28,6 +28,7 @@ one `is None` test.
 from __future__ import annotations
 
 import contextvars
+import functools
 import random
 
 import trio
@@ -178,8 +179,13 @@ class EdgeSink:
         out.append((_RID, ex.request_id))
         klass = ex.request.klass
         if klass:
-            out.append((_CLASS, klass.encode()))
+            out.append((_CLASS, _class_bytes(klass)))
         return out
+
+
+@functools.lru_cache(maxsize=256)  # the policy's class names (Scheduler.resolve_class): a handful
+def _class_bytes(klass: str) -> bytes:
+    return klass.encode()
 
 
 class Edge:

@@ -65,6 +65,7 @@ _events = RateLimitedLog(log)
 
 _CONTENT_LENGTH = b"content-length"
 _USAGE_PARSE_MAX = 65_536
+_USAGE_KEY = b"usage"
 _SSE_EVENT = b"data:"
 _SSE_DONE = b"data: [DONE]"
 _TIMEOUT = wire.REQUEST_TIMEOUT_MS.encode()
@@ -261,6 +262,8 @@ async def _relay(resp, sink: ResponseSink, headers: Headers, finished) -> Forwar
 
 def _json_usage(body: bytes) -> Observed | None:
     if not body or len(body) > _USAGE_PARSE_MAX or body[:1] != b"{":
+        return None
+    if _USAGE_KEY not in body and b"\\u" not in body:  # no "usage" key, not even \u-escaped: no parse
         return None
     try:
         usage = _decode_usage(body).usage

@@ -310,11 +310,14 @@ class Scheduler:
 
     def _release(self, lease: Lease, outcome: Outcome, rtt_ms: float | None, observed: Observed | None) -> None:
         ctl = self.controller
-        before = ctl.next_phantom_end()
-        woken = ctl.release(lease, trio.current_time(), outcome, rtt_ms, observed)
-        after = ctl.next_phantom_end()
-        if after is not None and (before is None or after < before):
-            self._phantom_changed.set()  # the timer task sleeps until the earliest end
+        if outcome is Outcome.CANCELLED:  # only a cut can start a phantom lease (AdmissionController.release)
+            before = ctl.next_phantom_end()
+            woken = ctl.release(lease, trio.current_time(), outcome, rtt_ms, observed)
+            after = ctl.next_phantom_end()
+            if after is not None and (before is None or after < before):
+                self._phantom_changed.set()  # the timer task sleeps until the earliest end
+        else:  # phantoms may end here, never start: the earliest end can only move later
+            woken = ctl.release(lease, trio.current_time(), outcome, rtt_ms, observed)
         if self._m:
             self._m.released(lease, outcome, rtt_ms, observed)
         self._deliver(woken)

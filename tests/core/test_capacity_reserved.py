@@ -55,3 +55,25 @@ def test_any_reservation_keeps_the_limit_and_leaves_every_class_a_way_in(limit, 
         woken = ctl.release(leases.pop(0), now, Outcome.SUCCESS, 10.0)
         leases += [w.lease for w in woken if isinstance(w, Admit)]
     assert len(ctl.waitline) == 0
+
+
+@given(
+    st.integers(0, 6),
+    st.floats(0.0, 1.5),
+    st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 4), st.booleans(), st.booleans()), max_size=30),
+)
+def test_without_reservations_the_fast_fit_charges_what_the_general_rule_does(limit, factor, ops):
+    """Capacity.fits with nothing reserved skips the reservation arithmetic; every answer equals
+    `_fits_reserved`'s (the general rule) over any history of takes and gives."""
+    cap = Capacity([FixedLimit(max(1, limit))], {})
+    cap.factors[0] = factor  # a ramp or a not-ready upstream (limit 0)
+    held: list[tuple[str, int]] = []
+    for klass, units, reserve_only, give in ops:
+        if give and held:
+            cap.give(0, *held.pop())
+            continue
+        charge = cap.fits(0, klass, units, reserve_only)
+        assert charge == cap._fits_reserved(0, klass, units, reserve_only)
+        if charge is not None:
+            cap.take(0, klass, charge)
+            held.append((klass, charge))

@@ -300,3 +300,15 @@ def test_targets_that_do_not_start_with_a_slash_are_unmatched_not_a_crash(est, t
     cost = est.estimate(target, body({"input": "a" * 8}))
     assert (cost.route, cost.source) == (EMB, CostSource.SHAPE)  # costed by shape under the catch-all rule
     assert est.estimate(target, b"") == Cost(1, 0, 1, CostSource.FIXED, "/")
+
+
+def test_a_fixed_routes_cost_is_built_once_and_equals_a_fresh_one():
+    """CostEstimator hands out one Cost value per fixed route (no dataclass built per request)."""
+    from proxy.core.cost import Cost, CostEstimator, CostSource
+    from proxy.policy.schema import Policy
+
+    est = CostEstimator(Policy().routes, 1 << 20)
+    first, again = est.estimate("/anything", b""), est.estimate("/other", b"")
+    assert first is again
+    catch = est.route_for("/anything")
+    assert first == Cost(catch.fixed_tokens, 0, catch.fixed_tokens, CostSource.FIXED, catch.path_prefix)

@@ -152,3 +152,37 @@ def test_family_answers_none_until_min_samples():
     family.record("route", 40.0, now=0.0)
     assert family.quantile("route", 0.99, now=0.0) == pytest.approx(40.0, rel=0.02)
     assert family.quantile("route", 0.99, now=120.0) is None  # samples aged out
+
+
+def test_recording_the_newest_key_again_keeps_the_recency_order_and_eviction():
+    """LatencyFamily.record skips the pop and re-insert for the key recorded last (the usual
+    case: one route); the order keys() reports and the key evicted are as before."""
+    from proxy.core.quantiles import LatencyFamily
+
+    fam = LatencyFamily(max_keys=2)
+    for key in ["a", "b", "b", "a", "a"]:
+        fam.record(key, 1.0, 0.0)
+    assert fam.keys() == ["b", "a"]
+    fam.record("c", 1.0, 0.0)  # evicts the least recent: b
+    assert fam.keys() == ["a", "c"] and fam.statistics().evictions == 1
+    fam.record("c", 2.0, 0.0)
+    fam.record("b", 1.0, 0.0)  # evicts a
+    assert fam.keys() == ["c", "b"]
+    assert fam.tracker("c").count(0.0) == 2 and fam.tracker("b").count(0.0) == 1
+
+
+@given(st.lists(st.tuples(st.floats(0, 30), st.floats(0.05, 1000), st.booleans()), max_size=80))
+def test_the_sub_window_fast_path_answers_as_the_exact_epoch_test(events):
+    """_advance skips the division while `now` is surely inside the newest sub-window; a tracker
+    that always divides (the fast path disabled) gives the same counts and quantiles."""
+    fast, exact = WindowedQuantiles(window_s=6.0, sub_windows=6), WindowedQuantiles(window_s=6.0, sub_windows=6)
+    now = 0.0
+    for dt, value, back in events:
+        now = max(0.0, now - dt / 10) if back else now + dt / 10  # late samples too
+        exact._head_until = -math.inf
+        fast.record(value, now)
+        exact.record(value, now)
+        exact._head_until = -math.inf
+        assert fast.count(now) == exact.count(now)
+        exact._head_until = -math.inf
+        assert fast.quantile(0.99, now) == exact.quantile(0.99, now)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from fractions import Fraction
 
 import pytest
@@ -266,6 +267,38 @@ def test_the_quiet_fast_path_sheds_only_where_the_full_check_would(waits, rank, 
         assert [c.statistics() for c in fast.codels] == [c.statistics() for c in full.codels]
     else:  # the caller falls back to check on a full snapshot: the same verdict as full's
         assert fast.check(snap, rank, now) == verdict
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["quiet", "dequeue", "check"]),
+            st.floats(0, 400),
+            st.floats(0, 1.0),
+            st.integers(0, 2),
+            st.sampled_from([(0.0, 0.0), (20.0, 80.0), (400.0, 1500.0)]),
+        ),
+        max_size=60,
+    )
+)
+def test_skipping_zero_observations_leaves_every_codel_as_observing_them_would(events):
+    """The quiet path and on_dequeue skip a CoDel sample while every running interval holds a 0
+    wait already (Shedder._zeros_until): verdicts and CoDel states match a shedder that never skips."""
+    scaled = {"codel_target_p50_ratio": 2.0, "codel_interval_p99_ratio": 2.0}  # retunes move interval ends
+    fast, ref = make(**scaled), make(**scaled)
+    now = 0.0
+    for kind, wait_ms, dt, rank, scale in events:
+        now += dt
+        ref._zeros_until = -math.inf  # the reference observes every sample
+        if kind == "quiet":
+            assert fast.passes_quiet(rank, now, 0.0, *scale) == ref.passes_quiet(rank, now, 0.0, *scale)
+        elif kind == "dequeue":
+            fast.on_dequeue(wait_ms, rank, now)
+            ref.on_dequeue(wait_ms, rank, now)
+        else:
+            s = LoadSnapshot((1, 0, 0), head_wait_ms=wait_ms, service_p50_ms=scale[0], service_p99_ms=scale[1])
+            assert fast.check(s, rank, now) == ref.check(s, rank, now)
+        assert [c.statistics() for c in fast.codels] == [c.statistics() for c in ref.codels]
 
 
 def test_the_gate_builds_no_snapshot_while_nothing_queues_and_the_limit_has_room(monkeypatch):
