@@ -237,6 +237,7 @@ class AdmissionController:
         if line.depth(ticket.klass) > line.classes[ticket.klass].max_queue_length:
             self._remove(entry)
             back_ms = load.expected_wait_ms(ticket.klass, float("inf"), now)
+            retry_ms: int | None  # None: no retry can start before the deadline
             if self.gate is None:
                 retry_ms = default_retry_after(back_ms)
             else:  # behind the retries already promised, a slot interval each (core/retry_after.py schedule)
