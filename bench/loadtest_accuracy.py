@@ -29,8 +29,8 @@ from bench.common import Nginx, parse_args, pin, target, write_result
 from proxy import loadtest as lt
 from proxy.loadtest import report
 from proxy.loadtest.outputs import write_outputs
+from proxy.simpod.profiles import get_profile
 from proxy.testing.procs import Proc
-from proxy.testing.simpod.profiles import get_profile
 
 SPEED = 0.5
 ACCURACY_LATENESS_MS = 25.0

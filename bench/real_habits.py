@@ -1,7 +1,7 @@
 """Real servers' habits on the sim pod: direct, rampmeter FCFS and rampmeter SJF, side by side.
 
 Issue 12 found rampmeter made things worse on real servers; the sim pod now has their habits
-(proxy/testing/simpod/profiles.py). Two of them, each with one seeded trace replayed at every
+(proxy/simpod/profiles.py). Two of them, each with one seeded trace replayed at every
 configuration in turn, step by step (direct, FCFS, SJF, direct, ...):
 
 1. serial (a llama.cpp-style server: one request at a time, first come first served, keeps
@@ -41,9 +41,9 @@ from bench.common import parse_args, pin, target, write_result
 from proxy import demo_scenario as demo
 from proxy import loadtest as lt
 from proxy.loadtest.shapes import Shape, chat_body
+from proxy.simpod import get_profile, oracle
 from proxy.testing import scheduling as sc
 from proxy.testing.procs import Proc
-from proxy.testing.simpod import get_profile, oracle
 
 SEED = 11
 CHAT = "/v1/chat/completions"

@@ -21,7 +21,7 @@ from proxy import build, logs
 COMMANDS: list[tuple[str, str, str, str, str]] = [
     ("serve", "proxy.serve", "run the sidecar in front of a model server", "info", "sidecar"),
     ("policy", "proxy.policy.cli", "check a policy file, or print its JSON Schema", "warning", "sidecar"),
-    ("sim-pod", "proxy.testing.simpod.cli", "run the simulated GPU inference pod", "warning", "sidecar"),
+    ("sim-pod", "proxy.simpod.cli", "run the simulated GPU inference pod", "warning", "sidecar"),
     (
         "loadtest",
         "proxy.loadtest.cli",

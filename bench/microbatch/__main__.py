@@ -20,8 +20,8 @@ from bench.common import cpu_seconds, free_port, parse_args, pin, target, write_
 from bench.microbatch import report
 from proxy import demo_scenario as demo
 from proxy import loadtest as lt
+from proxy.simpod import get_profile, oracle
 from proxy.testing.procs import Proc, wait_for
-from proxy.testing.simpod import get_profile, oracle
 
 SEED = 19
 # The serial pod runs at half its profile's speed (a 40 ms forward pass): this shared 2-core machine cannot

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from proxy import loadtest as lt
 from proxy.loadtest.shapes import chat_body
-from proxy.testing.simpod import get_profile, oracle
+from proxy.simpod import get_profile, oracle
 
 NAME = "overload"
 CHAT = "/v1/chat/completions"

@@ -23,7 +23,7 @@ import trio
 
 from bench.common import pin
 from bench.overload import POD_PROFILE, POD_SEED
-from proxy.testing.simpod import oracle
+from proxy.simpod import oracle
 
 _JSON = [(b"content-type", b"application/json")]
 _BUDGET = b"x-request-timeout-ms"
@@ -88,8 +88,8 @@ class Tap:
 async def _serve(ready) -> None:
     from proxy.http.server import Server
     from proxy.policy.schema import Listen
-    from proxy.testing.simpod.api import PodAPI
-    from proxy.testing.simpod.driver import Pod
+    from proxy.simpod.api import PodAPI
+    from proxy.simpod.driver import Pod
 
     pod = Pod(POD_PROFILE, seed=POD_SEED)
     server = Server(Tap(PodAPI(pod), POD_PROFILE), Listen(address="127.0.0.1:0"), name="sim-pod")

@@ -28,8 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import cpu_seconds
 from bench.retry_storm.populations import POPULATIONS, Call, Recorder
+from proxy.simpod.profiles import get_profile
 from proxy.testing.procs import Proc, wait_for
-from proxy.testing.simpod.profiles import get_profile
 
 POLICY = Path(__file__).resolve().parents[1] / "policies" / "retry_storm.toml"
 

@@ -28,9 +28,9 @@ import trio
 
 from proxy import loadtest as lt
 from proxy.loadtest.closed import LEAD_S
+from proxy.simpod.profiles import Profile, get_profile
 from proxy.testing import scheduling as sc
 from proxy.testing.procs import Proc, wait_for
-from proxy.testing.simpod.profiles import Profile, get_profile
 
 SPEED = 2.0  # the llm profile with every engine time halved: the pod sustains ~70 req/s of this mix
 STOP_MEAN_TOKENS = 200  # geometric output lengths, capped at max_tokens (profile default 0: always max_tokens)

@@ -39,8 +39,8 @@ from __future__ import annotations
 import msgspec
 
 from proxy.loadtest import SLA, Mix, RunResult, builtin
-from proxy.testing.simpod.profiles import Profile
-from proxy.testing.simpod.workload import oracle
+from proxy.simpod.profiles import Profile
+from proxy.simpod.workload import oracle
 
 SHORT, LONG = "short_chat", "long_chat"
 CLASSES = (SHORT, LONG)

@@ -13,9 +13,9 @@ from proxy.loadtest.records import OK, ReasonTable, Records, StepRun
 from proxy.loadtest.result import RunResult
 from proxy.loadtest.target import Target
 from proxy.policy.load import parse_policy
+from proxy.simpod.profiles import get_profile
+from proxy.simpod.workload import oracle
 from proxy.testing import scheduling as sc
-from proxy.testing.simpod.profiles import get_profile
-from proxy.testing.simpod.workload import oracle
 
 PROFILE = get_profile("llm", speed=2.0, stop_mean_tokens=200)
 

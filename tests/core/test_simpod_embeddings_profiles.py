@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.testing.simpod import get_profile
-from proxy.testing.simpod.engine import Engine
-from proxy.testing.simpod.workload import EMBEDDING, parse_job
+from proxy.simpod import get_profile
+from proxy.simpod.engine import Engine
+from proxy.simpod.workload import EMBEDDING, parse_job
 
 
 def job(profile, *texts: str):

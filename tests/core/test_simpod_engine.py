@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.testing.simpod.engine import CANCELLED, FINISHED, RUNNING, WAITING, Engine, transition
-from proxy.testing.simpod.profiles import Profile
-from proxy.testing.simpod.workload import CHAT, EMBEDDING, Job
+from proxy.simpod.engine import CANCELLED, FINISHED, RUNNING, WAITING, Engine, transition
+from proxy.simpod.profiles import Profile
+from proxy.simpod.workload import CHAT, EMBEDDING, Job
 
 P = Profile(base_ms=10.0, per_seq_ms=1.0, prefill_ms_per_token=0.5, max_num_seqs=3, kv_capacity_tokens=100)
 

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.testing.simpod.engine import Engine
-from proxy.testing.simpod.faults import HEALTHY, Fault, Faults, fault_from_json
-from proxy.testing.simpod.profiles import PROFILES, Profile, get_profile
-from proxy.testing.simpod.workload import CHAT, COMPLETION, EMBEDDING, BadRequest, oracle, parse_job
+from proxy.simpod.engine import Engine
+from proxy.simpod.faults import HEALTHY, Fault, Faults, fault_from_json
+from proxy.simpod.profiles import PROFILES, Profile, get_profile
+from proxy.simpod.workload import CHAT, COMPLETION, EMBEDDING, BadRequest, oracle, parse_job
 
 LLM = PROFILES["llm"]
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from proxy.policy.load import load_policy
-from proxy.testing.simpod.profiles import get_profile
+from proxy.simpod.profiles import get_profile
 from proxy.testing.stack import sim_pod
 from tests.integration.standin import StandIn
 

@@ -25,9 +25,9 @@ from proxy.errors import UpstreamConnectError
 from proxy.http.messages import Request, ResponseSink
 from proxy.policy.load import policy_from_builtins
 from proxy.policy.schema import Policy
-from proxy.testing.simpod import get_profile
-from proxy.testing.simpod.api import PodAPI
-from proxy.testing.simpod.driver import Pod
+from proxy.simpod import get_profile
+from proxy.simpod.api import PodAPI
+from proxy.simpod.driver import Pod
 from tests.runtime.test_request_path_deadlines import VERSION, PodPool, _Ready, start
 
 EMBED = "/v1/embeddings"

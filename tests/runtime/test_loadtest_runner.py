@@ -12,9 +12,9 @@ from proxy.loadtest import Mix, Plan, Step, Target, build_trace, run, run_interl
 from proxy.loadtest.inproc import HandlerTransport
 from proxy.loadtest.records import NON_JSON, OK, TIMEOUT
 from proxy.loadtest.verdict import SLA
-from proxy.testing.simpod.api import PodAPI
-from proxy.testing.simpod.driver import Pod
-from proxy.testing.simpod.profiles import get_profile
+from proxy.simpod.api import PodAPI
+from proxy.simpod.driver import Pod
+from proxy.simpod.profiles import get_profile
 
 TARGET = Target("http://inproc:80", timeout_s=5.0)
 JSON = [(b"content-type", b"application/json")]

@@ -29,9 +29,9 @@ from proxy.http.messages import Headers, Request, header_value
 from proxy.policy.load import policy_from_builtins
 from proxy.policy.schema import Policy
 from proxy.runtime.reload import PolicyVersion
-from proxy.testing.simpod import get_profile, oracle
-from proxy.testing.simpod.api import PodAPI
-from proxy.testing.simpod.driver import Pod
+from proxy.simpod import get_profile, oracle
+from proxy.simpod.api import PodAPI
+from proxy.simpod.driver import Pod
 
 SPEED = 0.25
 PROFILE = get_profile("llm", speed=SPEED)

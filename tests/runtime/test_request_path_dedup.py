@@ -50,7 +50,7 @@ async def test_on_a_server_that_keeps_computing_an_idempotent_leader_finishes_pa
     """Cutting it would free nothing (the server goes on); letting it finish serves the retry."""
     import msgspec
 
-    from proxy.testing.simpod import get_profile
+    from proxy.simpod import get_profile
     from tests.runtime import test_request_path_deadlines as rpd
 
     body = chat(40)

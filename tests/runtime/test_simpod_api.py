@@ -12,10 +12,10 @@ import trio.lowlevel
 import trio.testing
 
 from proxy.http.messages import Request
-from proxy.testing.simpod.api import PodAPI
-from proxy.testing.simpod.driver import Pod
-from proxy.testing.simpod.profiles import Profile, get_profile
-from proxy.testing.simpod.workload import CHAT, oracle
+from proxy.simpod.api import PodAPI
+from proxy.simpod.driver import Pod
+from proxy.simpod.profiles import Profile, get_profile
+from proxy.simpod.workload import CHAT, oracle
 
 # 10 ms steps, +1 ms per sequence, 0.1 ms per prompt token, 4 at once
 P = Profile(model="m", base_ms=10.0, per_seq_ms=1.0, prefill_ms_per_token=0.1, max_num_seqs=4)
@@ -242,7 +242,7 @@ async def test_runtime_faults_slow_steps_and_inject_errors_for_a_window(nursery,
 
 
 async def test_cli_fault_window_is_relative_to_start(nursery, autojump_clock) -> None:
-    from proxy.testing.simpod.faults import Fault, Faults
+    from proxy.simpod.faults import Fault, Faults
 
     flat = Profile(base_ms=10.0, per_seq_ms=0.0, prefill_ms_per_token=0.0)
     api = await start(nursery, flat, faults=Faults([Fault(2.0, 0.0, 1.0, 2.0)]))

@@ -6,10 +6,10 @@ import pytest
 import trio
 import trio.testing
 
-from proxy.testing.simpod.driver import Pod
-from proxy.testing.simpod.engine import CANCELLED, FINISHED
-from proxy.testing.simpod.profiles import Profile
-from proxy.testing.simpod.workload import COMPLETION, parse_job
+from proxy.simpod.driver import Pod
+from proxy.simpod.engine import CANCELLED, FINISHED
+from proxy.simpod.profiles import Profile
+from proxy.simpod.workload import COMPLETION, parse_job
 
 FLAT = Profile(base_ms=10.0, per_seq_ms=0.0, prefill_ms_per_token=0.0, max_num_seqs=8)
 
@@ -85,7 +85,7 @@ async def test_the_loop_sleeps_when_idle_and_resumes_on_submit(nursery, autojump
 
 
 async def test_a_late_loop_keeps_the_engine_cadence_and_reports_its_lag(nursery, autojump_clock, monkeypatch) -> None:
-    from proxy.testing.simpod import driver
+    from proxy.simpod import driver
 
     real_sleep_until = trio.sleep_until
 
@@ -106,7 +106,7 @@ async def test_a_late_loop_keeps_the_engine_cadence_and_reports_its_lag(nursery,
 def test_cli_flags_build_the_profile_faults_and_cold_start() -> None:
     import argparse
 
-    from proxy.testing.simpod import cli
+    from proxy.simpod import cli
 
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)

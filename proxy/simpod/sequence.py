@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.testing.simpod.workload import Job
+from proxy.simpod.workload import Job
 
 WAITING, RUNNING, FINISHED, CANCELLED = "waiting", "running", "finished", "cancelled"
 ADMIT, FINISH, CANCEL = "admit", "finish", "cancel"

@@ -39,10 +39,10 @@ from proxy.core.wire import (
     parse_timeout_ms,
 )
 from proxy.http.messages import Request, ResponseSink
-from proxy.testing.simpod import shapes, stats
-from proxy.testing.simpod.driver import Pod
-from proxy.testing.simpod.faults import fault_from_json
-from proxy.testing.simpod.workload import EMBEDDING, BadRequest, Job, endpoints, parse_job
+from proxy.simpod import shapes, stats
+from proxy.simpod.driver import Pod
+from proxy.simpod.faults import fault_from_json
+from proxy.simpod.workload import EMBEDDING, BadRequest, Job, endpoints, parse_job
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode

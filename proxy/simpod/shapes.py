@@ -22,7 +22,7 @@ import struct
 
 import msgspec
 
-from proxy.testing.simpod.workload import CHAT, Job
+from proxy.simpod.workload import CHAT, Job
 
 _encode = msgspec.json.Encoder().encode
 

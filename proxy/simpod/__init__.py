@@ -6,9 +6,9 @@ Public API for tests and benchmarks:
 - `Engine` (pure), `Pod` (trio step loop), `PodAPI` (the handler)
 """
 
-from proxy.testing.simpod.engine import Engine, EngineStats, Sequence
-from proxy.testing.simpod.profiles import PROFILES, Profile, get_profile
-from proxy.testing.simpod.workload import (
+from proxy.simpod.engine import Engine, EngineStats, Sequence
+from proxy.simpod.profiles import PROFILES, Profile, get_profile
+from proxy.simpod.workload import (
     CHAT,
     COMPLETION,
     EMBEDDING,

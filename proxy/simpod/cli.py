@@ -26,8 +26,8 @@ from typing import Any
 import trio
 
 from proxy.ready import print_ready
-from proxy.testing.simpod.faults import Fault, Faults
-from proxy.testing.simpod.profiles import OVERRIDABLE, PROFILES, get_profile
+from proxy.simpod.faults import Fault, Faults
+from proxy.simpod.profiles import OVERRIDABLE, PROFILES, get_profile
 
 
 def _bool(text: str) -> bool:
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--profile",
         choices=sorted(PROFILES),
         default="llm",
-        help="engine cost model (see proxy/testing/simpod/profiles.py)",
+        help="engine cost model (see proxy/simpod/profiles.py)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of every random draw (stop lengths, errors)")
     parser.add_argument(
@@ -98,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_pod(args: argparse.Namespace):
-    from proxy.testing.simpod.driver import Pod
+    from proxy.simpod.driver import Pod
 
     overrides = {f.name: getattr(args, f.name) for f in OVERRIDABLE if hasattr(args, f.name)}
     profile = get_profile(args.profile, **overrides)
@@ -118,7 +118,7 @@ def build_pod(args: argparse.Namespace):
 async def serve(args: argparse.Namespace, pod) -> None:
     from proxy.http.server import Server
     from proxy.policy.schema import Listen
-    from proxy.testing.simpod.api import PodAPI
+    from proxy.simpod.api import PodAPI
 
     limits = Listen(address=args.listen, drain_timeout_s=args.drain_timeout_s)
     server = Server(PodAPI(pod), limits=limits, metrics=None, name="sim-pod")

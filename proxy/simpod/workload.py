@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from proxy.testing.simpod.profiles import Profile
+from proxy.simpod.profiles import Profile
 
 CHAT = "chat"
 COMPLETION = "completion"

@@ -42,8 +42,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from proxy.testing.simpod.profiles import Profile
-from proxy.testing.simpod.sequence import (
+from proxy.simpod.profiles import Profile
+from proxy.simpod.sequence import (
     ADMIT,
     CANCEL,
     CANCELLED,
@@ -54,7 +54,7 @@ from proxy.testing.simpod.sequence import (
     Sequence,
     transition,
 )
-from proxy.testing.simpod.workload import Job
+from proxy.simpod.workload import Job
 
 __all__ = ["CANCELLED", "FINISHED", "RUNNING", "WAITING", "Engine", "EngineStats", "Sequence", "transition"]
 

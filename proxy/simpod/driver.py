@@ -36,10 +36,10 @@ import uuid
 
 import trio
 
-from proxy.testing.simpod.engine import FINISHED, Engine, Sequence
-from proxy.testing.simpod.faults import Faults
-from proxy.testing.simpod.profiles import Profile
-from proxy.testing.simpod.workload import Job
+from proxy.simpod.engine import FINISHED, Engine, Sequence
+from proxy.simpod.faults import Faults
+from proxy.simpod.profiles import Profile
+from proxy.simpod.workload import Job
 
 # How far behind real time the engine clock may run when the process is CPU-bound.
 MAX_LAG_S = 0.05
