@@ -19,6 +19,28 @@ def chat(max_tokens: int) -> dict:
     return {"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": max_tokens}
 
 
+async def loaded_readings(proxy, pod, clients: int, settle_s: float, readings: int) -> tuple[list[dict], dict]:
+    """A closed loop of `clients` through the sidecar: after `settle_s`, the engine's /sim/stats
+    `readings` times 50 ms apart, then the sidecar's /admin/stats."""
+    engine: list[dict] = []
+    async with httpx.AsyncClient(timeout=60) as client:
+
+        async def client_loop() -> None:
+            while True:
+                await client.post(proxy.url() + "/v1/chat/completions", json=chat(32))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(clients):
+                nursery.start_soon(client_loop)
+            await trio.sleep(settle_s)
+            for _ in range(readings):
+                engine.append((await client.get(pod.url() + "/sim/stats")).json())
+                await trio.sleep(0.05)
+            stats = (await client.get(proxy.url("admin") + "/admin/stats")).json()
+            nursery.cancel_scope.cancel()
+    return engine, stats
+
+
 POLICY = """
 [warmup]
 health_interval_s = 0.2
@@ -115,22 +137,9 @@ async def test_the_limit_comes_down_to_what_the_engine_runs_and_its_queue_stays_
         sim_pod("--max-num-seqs", "4", profile="llm", speed=1.0) as pod,
         sidecar(pod.url(), policy=str(path)) as proxy,
     ):
-        waiting: list[float] = []
-        async with httpx.AsyncClient(timeout=60) as client:
-
-            async def client_loop() -> None:
-                while True:
-                    await client.post(proxy.url() + "/v1/chat/completions", json=chat(32))
-
-            async with trio.open_nursery() as nursery:
-                for _ in range(12):  # three times what the engine runs at once
-                    nursery.start_soon(client_loop)
-                await trio.sleep(6.0)
-                for _ in range(20):
-                    waiting.append((await client.get(pod.url() + "/sim/stats")).json()["waiting"])
-                    await trio.sleep(0.05)
-                stats = (await client.get(proxy.url("admin") + "/admin/stats")).json()
-                nursery.cancel_scope.cancel()
+        # 12 clients: three times what the engine runs at once
+        engine, stats = await loaded_readings(proxy, pod, clients=12, settle_s=6.0, readings=20)
+        waiting = [e["waiting"] for e in engine]
         limit = stats["admission"]["limit_total"]
         # from 16 to about the engine's 4 (it probes one above now and then; requests in transit
         # between the sidecar and the engine read as room in the engine)
@@ -176,25 +185,10 @@ async def test_the_engine_queue_limit_leaves_room_for_what_the_servers_front_end
         ) as pod,
         sidecar(pod.url(), policy=str(path)) as proxy,
     ):
-        running: list[float] = []
-        waiting: list[float] = []
-        async with httpx.AsyncClient(timeout=60) as client:
-
-            async def client_loop() -> None:
-                while True:
-                    await client.post(proxy.url() + "/v1/chat/completions", json=chat(32))
-
-            async with trio.open_nursery() as nursery:
-                for _ in range(16):  # four times what the engine runs at once
-                    nursery.start_soon(client_loop)
-                await trio.sleep(5.0)
-                for _ in range(80):
-                    engine = (await client.get(pod.url() + "/sim/stats")).json()
-                    running.append(engine["running"])
-                    waiting.append(engine["waiting"])
-                    await trio.sleep(0.05)
-                stats = (await client.get(proxy.url("admin") + "/admin/stats")).json()
-                nursery.cancel_scope.cancel()
+        # 16 clients: four times what the engine runs at once
+        engine, stats = await loaded_readings(proxy, pod, clients=16, settle_s=5.0, readings=80)
+        running = [e["running"] for e in engine]
+        waiting = [e["waiting"] for e in engine]
         up = stats["admission"]["upstreams"][0]
         assert up["limit"] > 4, up  # above the batch: the front end's requests come on top
         # The engine runs (nearly) full and its own queue stays short: the one request it may keep, and
