@@ -88,7 +88,6 @@ _NOT_SERVED = (
 )
 
 
-@functools.lru_cache(maxsize=4096)  # (policy route, cost bucket 0-40): bounded by the policy, not by callers
 @functools.lru_cache(maxsize=1024)  # (route, cost bucket): routes come from the policy, buckets are <= 41
 def _hint_key(key: tuple[str, int]) -> bytes:
     return wire.hint_key(*key)
