@@ -6,7 +6,8 @@ stream; another connection is opened (one at a time) when all are full, up to
 MAX_H2_CONNECTIONS, beyond which a sender parks until a stream ends (the
 connection's `on_change` unparks it). Connections that were closed or got
 GOAWAY are dropped; a stream the server refused or did not process (above
-GOAWAY's last stream id, `request_sent=False`) is sent once more.
+GOAWAY's last stream id, `request_sent=False`) is sent again, up to
+MAX_UNPROCESSED_RESENDS times.
 
 The connections are the project's `H2UpstreamConnection` (whose HPACK coder remembers
 repeated header blocks, proxy/http/hpack_memo.py: a fifth of the generator's
@@ -33,6 +34,11 @@ from proxy.loadtest.shapes import Shape
 from proxy.loadtest.target import IDEMPOTENCY_KEY, Target, prepare
 
 MAX_H2_CONNECTIONS = 64
+# Times a stream the server did not process is sent again (RFC 9113 8.7: safe to retry). One
+# was not enough: under GOAWAY churn every sender that lost a stream moves to the same new
+# connection at once, more streams than the server's per-connection request cap, and the
+# excess is refused again (nginx, keepalive_requests 100, at 1,000 req/s: 4% of rows lost).
+MAX_UNPROCESSED_RESENDS = 8
 
 
 _GENERATOR_H2 = h2.config.H2Configuration(
@@ -64,13 +70,14 @@ class _H2Session:
     async def send(self, shape: int, key: bytes | None) -> Any:
         p = self._t.prepared[shape]
         block = p.h2_block if key is None else [*p.h2_block, (IDEMPOTENCY_KEY, key)]
-        conn = self._t.pick() or await self._t.acquire()
-        try:
-            return await conn.send(block, p.body)
-        except UpstreamError as exc:
-            if exc.request_sent:
-                raise
-        conn = self._t.pick() or await self._t.acquire()  # refused or past GOAWAY: not processed
+        for _ in range(MAX_UNPROCESSED_RESENDS):
+            conn = self._t.pick() or await self._t.acquire()
+            try:
+                return await conn.send(block, p.body)
+            except UpstreamError as exc:
+                if exc.request_sent:
+                    raise
+        conn = self._t.pick() or await self._t.acquire()  # the last try: its failure is the row's
         return await conn.send(block, p.body)
 
     def close(self) -> None:
