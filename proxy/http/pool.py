@@ -13,8 +13,11 @@ cancellation (release never awaits):
 - h2c: streams go to the first connection with capacity; another connection is
   opened (one at a time) when all are full or draining after GOAWAY, up to
   `max_connections`; beyond that callers park until a stream ends. A stream the
-  peer did not process (REFUSED_STREAM, GOAWAY) is retried once when the body is
-  bytes (replayable).
+  peer did not process (REFUSED_STREAM, GOAWAY) is retried when the body is bytes
+  (replayable), up to MAX_UNPROCESSED_RETRIES times: after a GOAWAY every stream it
+  refused moves to the same new connection at once, and an upstream with a cap on
+  requests per connection (nginx keepalive_requests, Envoy max_requests_per_connection)
+  refuses the excess again; one retry lost requests there.
 A `deadline` given to `request(...)` bounds an HTTP/1.1 exchange without a cancel
 scope of its own (`deadlines.DeadlineKeeper`): at the deadline its connection is
 closed and the caller gets UpstreamTimeout; a wait for a connection slot, the one
@@ -61,6 +64,10 @@ from proxy.policy.schema import Upstream
 
 OUTCOMES = ("ok", "aborted", "protocol_error", "connect_error")
 _BYTES_LIKE = (bytes, bytearray, memoryview)
+# Retries of an h2 stream the upstream did not process (module doc); each is safe (RFC 9113 8.7)
+# and costs at most a new connection, so a handful is cheap; a bound, not a loop, for an
+# upstream that refuses every stream.
+MAX_UNPROCESSED_RETRIES = 8
 
 
 class UpstreamResponse(Protocol):
@@ -355,14 +362,15 @@ class _H2Upstream(_Upstream):
         return resp
 
     async def _exchange(self, block: Headers, body: Any, trailers: Headers | None = None) -> H2Response:
-        conn = await self._connection()  # connect failures are not retried here
-        try:
-            return await conn.send(block, body, trailers)
-        except UpstreamError as exc:
-            if exc.request_sent or not isinstance(body, _BYTES_LIKE):
-                raise
-        # The one retry: it was not processed. (isinstance narrowed `body` to a bytes-like; mypy reads Any as that.)
-        return await (await self._connection()).send(block, body, trailers)  # type: ignore[arg-type]
+        for _ in range(MAX_UNPROCESSED_RETRIES):
+            conn = await self._connection()  # connect failures are not retried here
+            try:
+                return await conn.send(block, body, trailers)
+            except UpstreamError as exc:
+                if exc.request_sent or not isinstance(body, _BYTES_LIKE):
+                    raise
+        # The last retry: its failure is the request's.
+        return await (await self._connection()).send(block, body, trailers)
 
     async def _connection(self) -> H2UpstreamConnection:
         while True:

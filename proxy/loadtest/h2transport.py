@@ -7,7 +7,9 @@ MAX_H2_CONNECTIONS, beyond which a sender parks until a stream ends (the
 connection's `on_change` unparks it). Connections that were closed or got
 GOAWAY are dropped; a stream the server refused or did not process (above
 GOAWAY's last stream id, `request_sent=False`) is sent again, up to
-MAX_UNPROCESSED_RESENDS times.
+MAX_UNPROCESSED_RETRIES times, as the proxy's pool does (one resend lost 4% of rows
+at 1,000 req/s against nginx's 100 requests per connection: every sender that lost
+a stream moved to the same new connection and the excess was refused again).
 
 The connections are the project's `H2UpstreamConnection` (whose HPACK coder remembers
 repeated header blocks, proxy/http/hpack_memo.py: a fifth of the generator's
@@ -28,17 +30,12 @@ import h2.config
 import trio
 
 from proxy.errors import UpstreamError
-from proxy.http.pool import parse_url
+from proxy.http.pool import MAX_UNPROCESSED_RETRIES, parse_url
 from proxy.http.upstream_h2 import H2UpstreamConnection
 from proxy.loadtest.shapes import Shape
 from proxy.loadtest.target import IDEMPOTENCY_KEY, Target, prepare
 
 MAX_H2_CONNECTIONS = 64
-# Times a stream the server did not process is sent again (RFC 9113 8.7: safe to retry). One
-# was not enough: under GOAWAY churn every sender that lost a stream moves to the same new
-# connection at once, more streams than the server's per-connection request cap, and the
-# excess is refused again (nginx, keepalive_requests 100, at 1,000 req/s: 4% of rows lost).
-MAX_UNPROCESSED_RESENDS = 8
 
 
 _GENERATOR_H2 = h2.config.H2Configuration(
@@ -70,7 +67,7 @@ class _H2Session:
     async def send(self, shape: int, key: bytes | None) -> Any:
         p = self._t.prepared[shape]
         block = p.h2_block if key is None else [*p.h2_block, (IDEMPOTENCY_KEY, key)]
-        for _ in range(MAX_UNPROCESSED_RESENDS):
+        for _ in range(MAX_UNPROCESSED_RETRIES):
             conn = self._t.pick() or await self._t.acquire()
             try:
                 return await conn.send(block, p.body)

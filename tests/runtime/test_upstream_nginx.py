@@ -60,3 +60,18 @@ async def test_nginx_closing_after_keepalive_requests(tmp_path):
                 assert {status for status, _ in results} == {200}
                 assert len({body for _, body in results}) == 4  # 3 + 3 + 3 + 1 requests per connection
                 assert pool.statistics()[0].open_connections <= 1
+
+
+async def test_h2_goaway_churn_under_concurrency_loses_no_request(tmp_path):
+    """40 streams at once, 10 requests per connection: a refused stream's retry is refused again (one retry lost 20)."""
+    with nginx(tmp_path, keepalive_requests=10) as ports, trio.fail_after(60):
+        async with pool_for(ports["h2"], "h2c") as pool:
+            statuses: list[int] = []
+
+            async def one() -> None:
+                statuses.append((await fetch(pool))[0])
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(40):
+                    nursery.start_soon(one)
+            assert statuses == [200] * 40
