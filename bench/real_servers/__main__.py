@@ -43,7 +43,7 @@ def main() -> int:
     for name in names:
         print(f"== {name}", flush=True)
         try:
-            runs[name] = bench_server(name, args.quick, duration, repeats, out)
+            runs[name] = bench_server(name, args.quick, duration, repeats, out, args.min_limit)
         except (ServerFailed, ProcFailed, OSError, httpx.HTTPError, CalibrationError) as exc:
             print(f"bench: {name} could not be measured: {exc}", file=sys.stderr)
             return 1
@@ -54,7 +54,7 @@ def main() -> int:
     return 0
 
 
-def bench_server(name: str, quick: bool, duration: float, repeats: int, out: Path) -> dict:
+def bench_server(name: str, quick: bool, duration: float, repeats: int, out: Path, min_limit: int | None) -> dict:
     spec = SERVERS[name]
     with RunningServer(spec, out) as server:
         install_s = server.install()
@@ -66,6 +66,8 @@ def bench_server(name: str, quick: bool, duration: float, repeats: int, out: Pat
         options = calibrate_cli.options_from(parser.parse_args(cal_args))
         cal = trio.run(calibrate, options)
         text = policy_toml(cal, command="rampmeter calibrate " + " ".join(cal_args))
+        if min_limit:
+            text = with_min_limit(text, min_limit)
         policy = check_policy(text)
         policy_path = out / f"{name}.policy.toml"
         policy_path.write_text(text)
@@ -86,6 +88,7 @@ def bench_server(name: str, quick: bool, duration: float, repeats: int, out: Pat
                 "engine_gauges": cal.engine_gauges,
                 "budget_ms": budget,
                 "policy": str(policy_path),
+                "min_limit_override": min_limit,
             },
             "probe_alone_ms": probe_alone,
         }
@@ -115,6 +118,18 @@ def bench_server(name: str, quick: bool, duration: float, repeats: int, out: Pat
             stats = httpx.get(proc.url("admin") + "/admin/stats", timeout=10).json()
             (out / f"{name}.admin_stats.json").write_text(json.dumps(stats, indent=2))
     return result
+
+
+def with_min_limit(text: str, n: int) -> str:
+    """The calibrated policy with `[limits] min_limit` (and initial_limit) raised to n: an experiment on the
+    floor, marked in the file (the limit never below what fills the engine past the server's front end)."""
+    out = []
+    for line in text.splitlines():
+        key = line.split("=")[0].strip()
+        if key in ("min_limit", "initial_limit") and int(line.split("=")[1]) < n:
+            line = f"{key} = {n}  # bench.real_servers --min-limit {n} (calibrate wrote {line.split('=')[1].strip()})"
+        out.append(line)
+    return "\n".join(out) + "\n"
 
 
 def wait_warm(admin: str, limit_s: float) -> float:
