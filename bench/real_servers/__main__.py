@@ -26,6 +26,12 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--servers", default="vllm,litserve,pytriton", help=f"comma-separated, of {', '.join(SERVERS)}")
     p.add_argument("--duration-s", type=float, default=None, help="seconds per run (default 10 quick, 30 full)")
     p.add_argument(
+        "--min-limit",
+        type=int,
+        default=None,
+        help="experiment: raise the calibrated [limits] min_limit (and initial_limit) to this many requests",
+    )
+    p.add_argument(
         "--repeats", type=int, default=None, help="direct / rampmeter pairs per case (default 1 quick, 2 full)"
     )
 
