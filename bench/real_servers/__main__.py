@@ -25,6 +25,15 @@ from proxy.testing.stack import sidecar
 def add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--servers", default="vllm,litserve,pytriton", help=f"comma-separated, of {', '.join(SERVERS)}")
     p.add_argument("--duration-s", type=float, default=None, help="seconds per run (default 10 quick, 30 full)")
+    p.add_argument(
+        "--min-limit",
+        type=int,
+        default=None,
+        help="experiment: raise the calibrated [limits] min_limit (and initial_limit) to this many requests",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=None, help="direct / rampmeter pairs per case (default 1 quick, 2 full)"
+    )
 
 
 def main() -> int:
@@ -34,13 +43,13 @@ def main() -> int:
     if unknown:
         sys.exit(f"bench: unknown server(s) {', '.join(unknown)}; choose from {', '.join(SERVERS)}")
     duration = args.duration_s or (10.0 if args.quick else 30.0)
-    repeats = 1 if args.quick else 2
+    repeats = args.repeats or (1 if args.quick else 2)
     out = Path(args.out)
     runs: dict = {}
     for name in names:
         print(f"== {name}", flush=True)
         try:
-            runs[name] = bench_server(name, args.quick, duration, repeats, out)
+            runs[name] = bench_server(name, args.quick, duration, repeats, out, args.min_limit)
         except (ServerFailed, ProcFailed, OSError, httpx.HTTPError, CalibrationError) as exc:
             print(f"bench: {name} could not be measured: {exc}", file=sys.stderr)
             return 1
@@ -51,7 +60,7 @@ def main() -> int:
     return 0
 
 
-def bench_server(name: str, quick: bool, duration: float, repeats: int, out: Path) -> dict:
+def bench_server(name: str, quick: bool, duration: float, repeats: int, out: Path, min_limit: int | None) -> dict:
     spec = SERVERS[name]
     with RunningServer(spec, out) as server:
         install_s = server.install()
@@ -63,6 +72,8 @@ def bench_server(name: str, quick: bool, duration: float, repeats: int, out: Pat
         options = calibrate_cli.options_from(parser.parse_args(cal_args))
         cal = trio.run(calibrate, options)
         text = policy_toml(cal, command="rampmeter calibrate " + " ".join(cal_args))
+        if min_limit:
+            text = with_min_limit(text, min_limit)
         policy = check_policy(text)
         policy_path = out / f"{name}.policy.toml"
         policy_path.write_text(text)
@@ -83,6 +94,7 @@ def bench_server(name: str, quick: bool, duration: float, repeats: int, out: Pat
                 "engine_gauges": cal.engine_gauges,
                 "budget_ms": budget,
                 "policy": str(policy_path),
+                "min_limit_override": min_limit,
             },
             "probe_alone_ms": probe_alone,
         }
@@ -99,8 +111,12 @@ def bench_server(name: str, quick: bool, duration: float, repeats: int, out: Pat
             result["capacity_rps"] = capacity
             over = open_case("overload", spec, model, 2.0 * capacity, budget, duration)
             cases["overload"] = run_case(over, spec, model, targets, budget, admin, probe_alone, repeats, seed=2)
+            # The load point: 0.9 x what the server answered per second while offered 2 x (its open-loop
+            # capacity, see cases.saturated_rps), not 0.9 x the closed loop's rate.
+            open_capacity = _median(cases["overload"]["direct"], "saturated_rps") or capacity
+            result["open_capacity_rps"] = open_capacity
             if spec.gauges:
-                same = open_case("same_throughput", spec, model, 0.9 * capacity, budget, duration)
+                same = open_case("same_throughput", spec, model, 0.9 * open_capacity, budget, duration)
                 cases["same_throughput"] = run_case(
                     same, spec, model, targets, budget, admin, probe_alone, repeats, seed=3
                 )
@@ -108,6 +124,18 @@ def bench_server(name: str, quick: bool, duration: float, repeats: int, out: Pat
             stats = httpx.get(proc.url("admin") + "/admin/stats", timeout=10).json()
             (out / f"{name}.admin_stats.json").write_text(json.dumps(stats, indent=2))
     return result
+
+
+def with_min_limit(text: str, n: int) -> str:
+    """The calibrated policy with `[limits] min_limit` (and initial_limit) raised to n: an experiment on the
+    floor, marked in the file (the limit never below what fills the engine past the server's front end)."""
+    out = []
+    for line in text.splitlines():
+        key = line.split("=")[0].strip()
+        if key in ("min_limit", "initial_limit") and int(line.split("=")[1]) < n:
+            line = f"{key} = {n}  # bench.real_servers --min-limit {n} (calibrate wrote {line.split('=')[1].strip()})"
+        out.append(line)
+    return "\n".join(out) + "\n"
 
 
 def wait_warm(admin: str, limit_s: float) -> float:
@@ -158,11 +186,29 @@ def _sampled(reps: list[dict], a: str, b: str) -> str:
     return f"{_fmt(mean(a), '.1f')} / {_fmt(mean(b), '.1f')}"
 
 
-def _running_while_queued(reps: list[dict]) -> float | None:
-    """Mean engine running over the readings at which the sidecar queued (median over repeats)."""
-    values = [r.get("sampled", {}).get("running_while_queued") for r in reps]
+def _running_while_queued(reps: list[dict], key: str = "running_while_queued") -> float | None:
+    """Mean engine running (or waiting) over the readings at which the sidecar queued (median over repeats)."""
+    values = [r.get("sampled", {}).get(key) for r in reps]
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
+
+
+def _pairs(same: dict) -> list[str]:
+    """Each direct / rampmeter pair of a case (run back to back): short p50s, their ratio, throughputs."""
+    out = []
+    for i, (d, s) in enumerate(zip(same.get("direct", []), same.get("rampmeter", []), strict=False)):
+        dp, sp = d["by_shape"].get("short", {}).get("p50_ms"), s["by_shape"].get("short", {}).get("p50_ms")
+        ratio = None if not dp or not sp else dp / sp
+        out.append(
+            f"pair {i + 1}: short p50 {_fmt(dp)} direct / {_fmt(sp)} ms through (**{_fmt(ratio, '.2f')}x**), "
+            f"long p50 {_fmt(d['by_shape'].get('long', {}).get('p50_ms'))} / "
+            f"{_fmt(s['by_shape'].get('long', {}).get('p50_ms'))} ms, "
+            f"throughput {d['achieved_rps']:.2f} / {s['achieved_rps']:.2f}/s, "
+            f"sidecar queued at {_fmt(100 * (s.get('sampled', {}).get('queued_share') or 0))} % of readings, "
+            f"engine waiting {_fmt(d.get('sampled', {}).get('waiting', {}).get('mean'), '.1f')} direct / "
+            f"{_fmt(s.get('sampled', {}).get('waiting', {}).get('mean'), '.1f')} through"
+        )
+    return out
 
 
 def _fmt(v, spec: str = ".0f") -> str:
@@ -183,11 +229,12 @@ def markdown(runs: dict, quick: bool) -> str:
             f"## {name}: {r['server']}",
             f"{r['habits']}. Calibrated in {c['duration_s']:.0f} s: limit {c['limit']} (knee {c['knee']} at "
             f"{c['knee_rps']:.1f}/s), {c['health']}, stops_on_cancel {c['stops_on_cancel']}, "
-            f"default budget {c['budget_ms']} ms; capacity (direct, closed loop) {r.get('capacity_rps', 0):.1f}/s.",
+            f"default budget {c['budget_ms']} ms; capacity (direct, closed loop) {r.get('capacity_rps', 0):.1f}/s; "
+            f"open-loop capacity (direct answers/s while offered 2x) {r.get('open_capacity_rps') or 0:.1f}/s.",
             "",
             "| case | target | req | ok | good/s | p50 ms | p99 ms | short p50 | long p50 | sheds | other non-2xx "
             "| busy after s | sidecar CPU us/req | engine running / waiting (mean) | sidecar limit / queued (mean) "
-            "| engine running while sidecar queued |",
+            "| engine running / waiting while sidecar queued |",
             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for case, per_target in r.get("cases", {}).items():
@@ -201,8 +248,13 @@ def markdown(runs: dict, quick: bool) -> str:
                     f"| {_fmt(_median(reps, 'backend_busy_after_s'), '.1f')} "
                     f"| {_fmt(_median(reps, 'sidecar_cpu_us_per_request'))} "
                     f"| {_sampled(reps, 'running', 'waiting')} | {_sampled(reps, 'limit', 'queued')} "
-                    f"| {_fmt(_running_while_queued(reps), '.1f')} |"
+                    f"| {_fmt(_running_while_queued(reps), '.1f')} / "
+                    f"{_fmt(_running_while_queued(reps, 'waiting_while_queued'), '.1f')} |"
                 )
+        lines.append("")
+        for case, per_target in r.get("cases", {}).items():
+            if case != "closed":
+                lines += [f"- {case} " + p for p in _pairs(per_target)]
         lines.append("")
     return "\n".join(lines)
 
