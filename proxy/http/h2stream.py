@@ -8,7 +8,10 @@ as the handler consumes them, and whatever is left unread when the stream ends i
 acknowledged then, so the connection window never leaks. A handler waiting for body
 bytes waits at most listen.body_timeout_s between them and never past the request's
 own x-request-timeout-ms / grpc-timeout; then the stream is reset (RST_STREAM
-CANCEL) and the handler ends as if the client had gone.
+CANCEL) and the handler ends as if the client had gone. A body can also be passed
+upstream as it arrives (`H2Body.passing()`, for gRPC client and bidi streaming:
+proxy/runtime/passthrough.py): the upstream's upload task reads it chunk by chunk,
+each chunk acknowledged once the upload asks for the next, under the same bounds.
 
 The sink writes through h2 and the connection's writer (`kick()` queues h2's output
 without waiting). Body bytes go out no faster than the peer's window allows; what
@@ -121,9 +124,9 @@ def build_request(
 class H2Body(BufferedBody):
     """A stream's body. What it may hold counts against the connection's h2_body_bytes_per_connection:
     its content-length from the start (the connection reserves it when it accepts the stream),
-    or what has arrived when there is none."""
+    or what has arrived when there is none (less what was passed on upstream: `passing()`)."""
 
-    __slots__ = ("_conn", "_sid", "accounted", "request")
+    __slots__ = ("_conn", "_passed", "_sid", "_unacked", "accounted", "request")
 
     def __init__(self, conn: H2ServerConnection, sid: int, content_length: int | None, limit: int) -> None:
         super().__init__(content_length, limit)
@@ -131,13 +134,19 @@ class H2Body(BufferedBody):
         self._sid = sid
         self.request: Request | None = None
         self.accounted = 0  # bytes of the connection's body budget this body holds
+        self._passed = 0  # bytes handed upstream whose budget was given back (passing(), no content-length)
+        self._unacked = 0  # flow-controlled length handed upstream and not yet acknowledged to the client
 
     def reserve(self, size: int) -> None:
         self.accounted += size
         self._conn.body_bytes += size
 
+    def passing(self) -> PassingBody:
+        """The body as an iterator for the upstream upload, read as the upstream takes it (PassingBody)."""
+        return PassingBody(self)
+
     def feed(self, data: bytes, flow_len: int) -> bool:
-        beyond = self.received + len(data) - self.accounted
+        beyond = self.received - self._passed + len(data) - self.accounted
         if beyond > 0:
             if not self._conn.body_room(beyond):
                 self._conn.body_over(self._sid)
@@ -151,8 +160,9 @@ class H2Body(BufferedBody):
 
     def release(self) -> None:
         """Acknowledge what the handler never read, and give the budget back (the stream is over)."""
-        unread = sum(flow_len for _, flow_len in self._parts)
+        unread = sum(flow_len for _, flow_len in self._parts) + self._unacked
         self._parts.clear()
+        self._unacked = 0
         if unread:
             self._conn.acknowledge(unread, self._sid)
         self._conn.body_bytes -= self.accounted
@@ -193,6 +203,57 @@ class H2Body(BufferedBody):
                 continue  # the request path answers 400 for it, once the body is in
             budget_ms = ms if budget_ms is None else min(budget_ms, ms)
         return float("inf") if budget_ms is None else request.received_at + budget_ms / 1000.0
+
+
+class PassingBody:
+    """A request body on its way upstream as it arrives (gRPC client and bidi streaming), for the
+    upstream connection's upload task (`async for`; a class, not an async generator: the upload
+    task is cancelled mid-stream, and an abandoned generator would be finalised by the GC).
+
+    Flow control both ways: a chunk's bytes are acknowledged to the client (WINDOW_UPDATE) only
+    when the upload asks for the next one, that is once the upstream's window took the chunk; so
+    the client sends no faster than the upstream reads, and one stream holds at most its receive
+    window plus the chunk being uploaded. Without a content-length, the chunk's share of
+    h2_body_bytes_per_connection is given back as it goes up (what counts is what is held). The
+    bounds stay: listen.max_body_bytes on the whole body (413, or the stream reset once answered),
+    body_timeout_s between chunks and the request's deadline (H2Body._wait: RST_STREAM CANCEL)."""
+
+    __slots__ = ("_body",)
+
+    def __init__(self, body: H2Body) -> None:
+        self._body = body
+
+    def __aiter__(self) -> PassingBody:
+        return self
+
+    def whole_here(self) -> bool:
+        """All of it has arrived and none was read: it can go up as bytes (`read_all`, no wait)."""
+        body = self._body
+        return body.complete and not body.started and body._error is None
+
+    async def __anext__(self) -> bytes:
+        body = self._body
+        body.started = True
+        if body._unacked:  # the previous chunk is upstream's now: the client may send as much again
+            flow, body._unacked = body._unacked, 0
+            body._conn.acknowledge(flow, body._sid)
+        while True:
+            if body._parts:
+                data, flow = body._parts.popleft()
+                if not data:  # an empty DATA (END_STREAM alone, or padding only): nothing to upload
+                    body._conn.acknowledge(flow, body._sid)
+                    continue
+                body._unacked = flow
+                if body.content_length is None:
+                    body._passed += len(data)
+                    body.accounted -= len(data)
+                    body._conn.body_bytes -= len(data)
+                return data
+            if body._error is not None:
+                raise body._error
+            if body.complete:
+                raise StopAsyncIteration
+            await body._wait()
 
 
 class H2Sink:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass
 
 import trio
@@ -179,7 +179,7 @@ class Batcher:
         upstream: int,
         timeout_s: float,
         request: Request,
-        body: bytes,
+        body: bytes | AsyncIterable[bytes],
         sink: ResponseSink,
         extra_headers: Headers,
         ticket: Ticket,
@@ -190,7 +190,7 @@ class Batcher:
         """relay.forward's contract (`on_complete` before the last write); a batched member needs the
         caller's deadline scope (`batches()` says which requests may be batched)."""
         route = self._route(request)
-        part = None if route is None else route.codec.parse(body)
+        part = None if route is None or not isinstance(body, bytes) else route.codec.parse(body)
         why = None if route is None or part is None else self._alone(route, part)
         if route is None or part is None or why is not None:
             if route is not None and why is not None:
@@ -209,6 +209,7 @@ class Batcher:
             )
         assert scoped, "a batched request runs under its deadline's scope"
         assert isinstance(part, Part)  # an Unbatchable went alone above (_alone names why)
+        assert isinstance(body, bytes)  # a streamed body (runtime/passthrough.py) never batches
         answer = await self._gather(route, upstream, pool, timeout_s, request, body, part, ticket)
         result = Forwarded(answer.outcome, answer.status, answer.service_ms, answer.observed, answer.reason)
         if on_complete is not None:

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -117,7 +117,7 @@ async def forward(
     upstream: int,
     timeout_s: float,
     request: Request,
-    body: bytes,
+    body: bytes | AsyncIterable[bytes],
     sink: ResponseSink,
     extra_headers: Headers,
     deadline: float | None = None,

@@ -60,12 +60,13 @@ from proxy.core.arrival import service_key
 from proxy.core.decisions import ExpiredAt, Outcome, Reject, Ticket, deadline_expired
 from proxy.core.served_paths import ServedPaths
 from proxy.errors import ResponseCut, UpstreamTimeout
+from proxy.http.h2stream import PassingBody
 from proxy.http.messages import Request, ResponseSink
 from proxy.http.pool import UpstreamPool
 from proxy.http.ratelog import RateLimitedLog
 from proxy.metrics import Metrics
 from proxy.policy.schema import Policy
-from proxy.runtime import edge, grpc_answers, relay
+from proxy.runtime import edge, grpc_answers, passthrough, relay
 from proxy.runtime.batcher import Batcher
 from proxy.runtime.classify import classify
 from proxy.runtime.dedup import Deduplicator, Follower, Leader, LeaderHandle, Replay, answer, events_of
@@ -153,7 +154,8 @@ class RequestPath:
         if not self._served.allows(request.path):
             await sink.respond(404, _JSON, _NOT_SERVED)  # listen.served_paths: not the model's to answer
             return
-        body = await request.body.read_all()
+        upload = passthrough.streamed(request, p.batcher.batches(request))  # gRPC streams: the body goes up as it comes
+        body = b"" if upload is not None else await request.body.read_all()
         try:
             ticket = classify(request, body, trio.current_time(), p.scheduler, p.policy)
             request.klass = ticket.klass  # the class label of rampmeter_requests_total
@@ -163,7 +165,7 @@ class RequestPath:
             await self.reject(sink, Reject(wire.Reason.BAD_REQUEST, None, str(exc)))
             return
         if identity is None:
-            await self.execute(request, body, ticket, sink, parts=p)
+            await self.execute(request, body if upload is None else upload, ticket, sink, parts=p)
         else:
             await self._idempotent(request, body, ticket, identity, sink, p)
 
@@ -207,7 +209,7 @@ class RequestPath:
     async def execute(
         self,
         request: Request,
-        body: bytes,
+        body: bytes | PassingBody,
         ticket: Ticket,
         sink: ResponseSink,
         *,
@@ -260,7 +262,7 @@ class RequestPath:
     async def _forward(
         self,
         request: Request,
-        body: bytes,
+        body: bytes | PassingBody,
         ticket: Ticket,
         slot: Slot,
         sink: ResponseSink,
@@ -281,6 +283,7 @@ class RequestPath:
         ]
         upstream = slot.upstream
         timeout_s = p.policy.upstreams[upstream].timeout_s
+        body = await passthrough.settle(body, request)  # a streamed body that arrived whole while it queued: bytes
 
         # The slot is released when the upstream's part is over, before the last write to the client
         # (a deadline the pool ended it at is a censored cut, as the scope's cancellation would be).

@@ -17,6 +17,11 @@ Methods of `test.Echo` (all bytes in, bytes out):
 - Sleep: the request is milliseconds to sleep (until the call's own deadline
   or its cancellation, which is counted in `Servicer.cancelled`).
 - SlowStream: a message every N ms (the request) until the client cancels (counted).
+- Bidi: each request message back as it comes (a call that ends before the client's
+  stream did is counted as cancelled).
+- ClientCount: client streaming; the number of messages and bytes received, as ASCII
+  "N B"; `Servicer.received` counts messages as they arrive (a test can see the
+  upstream reading while the client still sends).
 The standard health service (`grpc.health.v1.Health`) runs beside it; its
 status per service is set with `Echo.health.set(service, status)`.
 """
@@ -43,6 +48,7 @@ class Servicer:
     sleep_capacity: threading.Semaphore | None = None  # bench: calls served at once by Sleep
     calls: int = 0
     cancelled: int = 0
+    received: int = 0  # ClientCount's messages so far
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _count(self) -> None:
@@ -107,6 +113,27 @@ class Servicer:
             time.sleep(every)
         finished.set()
 
+    def bidi(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        self._count()
+        finished = threading.Event()
+        context.add_callback(lambda: None if finished.is_set() else self._cancelled())  # runs when the call ends
+        yield from requests
+        # A reset can end grpcio's request iterator as if the client had finished, a moment before
+        # the call reads as cancelled: look again after that moment.
+        time.sleep(0.05)
+        if context.is_active():
+            finished.set()
+
+    def client_count(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        self._count()
+        n = size = 0
+        for message in requests:
+            n += 1
+            size += len(message)
+            with self.lock:
+                self.received += 1
+        return b"%d %d" % (n, size)
+
     def _cancelled(self) -> None:
         with self.lock:
             self.cancelled += 1
@@ -123,6 +150,8 @@ def _handlers(s: Servicer) -> grpc.GenericRpcHandler:
             "Fail": grpc.unary_unary_rpc_method_handler(s.fail),
             "Sleep": grpc.unary_unary_rpc_method_handler(s.sleep),
             "SlowStream": grpc.unary_stream_rpc_method_handler(s.slow_stream),
+            "Bidi": grpc.stream_stream_rpc_method_handler(s.bidi),
+            "ClientCount": grpc.stream_unary_rpc_method_handler(s.client_count),
         },
     )
 
