@@ -28,6 +28,8 @@ upstream stream, gRPC-shaped rejections) is unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from proxy.core import grpc_wire
 from proxy.http.h2stream import H2Body, PassingBody
 from proxy.http.messages import Request
@@ -36,18 +38,19 @@ _CONTENT_TYPE = b"content-type"
 _IDEMPOTENCY_KEY = b"idempotency-key"
 
 
-def streamed(request: Request, batches: bool) -> PassingBody | None:
-    """The body to pass upstream as it arrives, or None: read it whole (module doc)."""
+def streamed(request: Request, batches: Callable[[Request], bool]) -> PassingBody | None:
+    """The body to pass upstream as it arrives, or None: read it whole (module doc). `batches`:
+    whether the request's route batches (Batcher.batches), asked only of a gRPC stream."""
     body = request.body
-    if not isinstance(body, H2Body) or body.complete or body.started or batches:
-        return None
+    if not isinstance(body, H2Body) or body.complete or body.started:
+        return None  # HTTP/1.1, or the body is all here: the usual case costs two checks
     if not grpc_wire.is_grpc(request.header(_CONTENT_TYPE)) or request.header(_IDEMPOTENCY_KEY) is not None:
         return None
-    return body.passing()
+    return None if batches(request) else body.passing()
 
 
-async def settle(body: bytes | PassingBody, request: Request) -> bytes | PassingBody:
+async def settle(body: PassingBody, request: Request) -> bytes | PassingBody:
     """A passing body that has all arrived by now (while the call queued), as bytes; else as it is."""
-    if isinstance(body, PassingBody) and body.whole_here():
+    if body.whole_here():
         return await request.body.read_all()
     return body

@@ -154,7 +154,7 @@ class RequestPath:
         if not self._served.allows(request.path):
             await sink.respond(404, _JSON, _NOT_SERVED)  # listen.served_paths: not the model's to answer
             return
-        upload = passthrough.streamed(request, p.batcher.batches(request))  # gRPC streams: the body goes up as it comes
+        upload = passthrough.streamed(request, p.batcher.batches)  # gRPC streams: the body goes up as it comes
         body = b"" if upload is not None else await request.body.read_all()
         try:
             ticket = classify(request, body, trio.current_time(), p.scheduler, p.policy)
@@ -283,7 +283,8 @@ class RequestPath:
         ]
         upstream = slot.upstream
         timeout_s = p.policy.upstreams[upstream].timeout_s
-        body = await passthrough.settle(body, request)  # a streamed body that arrived whole while it queued: bytes
+        if not isinstance(body, bytes):  # a streamed body that arrived whole while it queued goes as bytes
+            body = await passthrough.settle(body, request)
 
         # The slot is released when the upstream's part is over, before the last write to the client
         # (a deadline the pool ended it at is a censored cut, as the scope's cancellation would be).
