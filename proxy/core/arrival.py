@@ -79,6 +79,7 @@ class ArrivalGate:
             self._on_unmeetable[ticket.klass],
             self.tenants,
             ticket.tenant,
+            remaining_ms=(ticket.deadline - now) * 1000.0,  # no pushback past the deadline (Shedder._reject)
         )
 
     def rank(self, klass: str) -> int:

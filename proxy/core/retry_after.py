@@ -83,7 +83,8 @@ class RetryAfter:
         if start_ms >= self.max_ms:  # as far as a promise goes: the cap, without growing the line
             return self.max_ms if self.max_ms < remaining_ms else None
         slot = max(0.0, slot_ms) if math.isfinite(slot_ms) else 0.0
-        ms = max(self.min_ms, min(self.max_ms, math.ceil(start_ms + slot * self._rng.random())))
+        # (less a nanosecond: `_promised_until` is seconds, and 6.2 - 5.0 is 1.2000000000000002)
+        ms = max(self.min_ms, min(self.max_ms, math.ceil(start_ms + slot * self._rng.random() - 1e-6)))
         if ms >= remaining_ms:
             return None
         self._promised_until = now + (start_ms + slot) / 1000.0

@@ -43,8 +43,10 @@ the over-quota tenant hears the precise reason), load rules, then the deadline c
 request that a later rule rejects are refunded.
 
 Retry-After: the time for the queue ahead and one more request (ahead_r + 1) to drain
-at the observed rate (the max when nothing drains), through `RetryAfter` (bounds,
-jitter); for tenant quota, the exact refill time;
+at the observed rate (the max when nothing drains), scheduled behind the retries already
+promised, one slot (1 / drain rate) each, none past the caller's deadline (`RetryAfter.schedule`,
+as for a full class queue: a retry told the plain drain time found the queue refilled);
+for tenant quota, the exact refill time;
 for an unmeetable deadline, the deadline module's estimate (no header when only a larger
 budget would help).
 """
@@ -156,9 +158,12 @@ class Shedder:
         for codel in self.codels:
             codel.retune(target, interval, now)
 
-    def check(self, snap: LoadSnapshot, rank: int, now: float, in_time: bool = False) -> Reject | None:
+    def check(
+        self, snap: LoadSnapshot, rank: int, now: float, in_time: bool = False, remaining_ms: float = math.inf
+    ) -> Reject | None:
         """None to go on, or why this class-`rank` arrival is shed. `in_time`: its deadline
-        holds with the queue ahead of it (CoDel spares it)."""
+        holds with the queue ahead of it (CoDel spares it); `remaining_ms`: to its deadline."""
+        at = now, remaining_ms  # where a rejection's pushback is scheduled (_reject)
         codels = self.codels
         if codels is not None:
             self._retune(snap, now)
@@ -167,16 +172,16 @@ class Shedder:
                 codel.observe(wait_ms, now)
         ahead = sum(snap.queued_by_class[: rank + 1])
         if self._queue_cap is not None and ahead >= self._queue_cap[rank]:
-            return self._reject(Reason.QUEUE_FULL, "the queue for this priority is full", ahead, snap)
+            return self._reject(Reason.QUEUE_FULL, "the queue for this priority is full", ahead, snap, *at)
         if self._gpu_cap is not None and snap.gpu_memory_fraction >= self._gpu_cap[rank]:
-            return self._reject(Reason.GPU_PRESSURE, "GPU memory is under pressure", ahead, snap)
+            return self._reject(Reason.GPU_PRESSURE, "GPU memory is under pressure", ahead, snap, *at)
         if self._growth_cap is not None and self._saturated(snap, self._growth_cap[rank]):
-            return self._reject(Reason.OVERLOADED, "the model server is saturated", ahead, snap)
+            return self._reject(Reason.OVERLOADED, "the model server is saturated", ahead, snap, *at)
         if codels is not None and (any(codels[k].dropping for k in range(rank)) or codels[rank].dropping):
             if in_time:
                 self.spared += 1
             elif any(codels[k].dropping for k in range(rank)) or codels[rank].take_drop(now):
-                return self._reject(Reason.OVERLOADED, "requests are queueing too long", ahead, snap)
+                return self._reject(Reason.OVERLOADED, "requests are queueing too long", ahead, snap, *at)
         return None
 
     def passes_quiet(self, rank: int, now: float, gpu_memory_fraction: float, p50_ms: float, p99_ms: float) -> bool:
@@ -207,10 +212,15 @@ class Shedder:
             return True
         return snap.queue_growth_per_s >= growth_cap * snap.drain_rate_per_s
 
-    def _reject(self, reason: Reason, message: str, ahead: int, snap: LoadSnapshot) -> Reject:
+    def _reject(
+        self, reason: Reason, message: str, ahead: int, snap: LoadSnapshot, now: float, remaining_ms: float
+    ) -> Reject:
         self._shed[reason] += 1
-        # Room for it once the queue ahead has drained and then one more request finished.
-        return Reject(reason, self.retry_after(drain_ms(ahead + 1, snap.drain_rate_per_s)), message)
+        # Room for it once the queue ahead has drained and then one more request finished, behind the
+        # retries already promised, one slot each: a request finishes every 1 / drain rate.
+        rate = snap.drain_rate_per_s
+        slot_ms = 1000.0 / rate if rate > 0 else math.inf
+        return Reject(reason, self.retry_after.schedule(drain_ms(ahead + 1, rate), now, slot_ms, remaining_ms), message)
 
     def statistics(self) -> ShedStatistics:
         codel = None if self.codels is None else tuple(c.statistics() for c in self.codels)
@@ -233,6 +243,7 @@ def arrival_verdict(
     tenants: TenantQuota | None = None,
     tenant: bytes = b"",
     cost: float = 1,
+    remaining_ms: float = math.inf,
 ) -> Reject | None:
     """The whole arrival gate: tenant quota, load rules, deadline. None: enqueue it. `snap` None:
     the load rules were found to pass already (`Shedder.passes_quiet`)."""
@@ -242,7 +253,7 @@ def arrival_verdict(
             retry = shedder.retry_after(wait_s * 1000.0)
             return Reject(Reason.TENANT_QUOTA, retry, "this tenant is over its request quota")
     in_time = isinstance(deadline, dl.Meetable) and math.isfinite(deadline.completion)
-    verdict = None if snap is None else shedder.check(snap, rank, now, in_time)
+    verdict = None if snap is None else shedder.check(snap, rank, now, in_time, remaining_ms)
     if verdict is None and isinstance(deadline, dl.Unmeetable) and on_unmeetable == "reject":
         verdict = deadline_unmeetable(shedder, deadline)
     if verdict is not None and tenants is not None:

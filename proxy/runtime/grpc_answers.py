@@ -9,7 +9,8 @@ the client's: every answer the sidecar makes itself, wherever it is decided
 `respond()` carrying `x-rampmeter-reason` (proxy/core/wire.py `rejection()`), and
 that one is rewritten here into `proxy.core.grpc_wire.rejection()`: HTTP 200,
 trailers-only, grpc-status for the reason, grpc-message, grpc-retry-pushback-ms
-with the same jittered wait as the HTTP answer's x-rampmeter-retry-after-ms, or -1
+with the same wait as the HTTP answer's x-rampmeter-retry-after-ms (jittered, or scheduled
+behind the retries already promised: proxy/core/retry_after.py), or -1
 (do not retry) when that wait would end past the call's deadline (its grpc-timeout,
 counted from when the request was read: `grpc_wire.pushback_within`).
 The upstream's own responses pass untouched (a gRPC server answers 200 with its
