@@ -21,6 +21,7 @@ from bench.common import cpu_seconds, parse_args, pin, target, write_result
 from bench.grpc import CONCURRENCY, NAME, RATE, RATES, SLEEP_MS, SLOTS
 from bench.grpc import __doc__ as DOC
 from bench.grpc.load import closed_loop, open_loop, outcome, retrying_options
+from proxy.testing.grpc_servicer import SERVICE
 from proxy.testing.procs import READY_PREFIX, Proc, wait_for
 
 POLICY = """
@@ -49,6 +50,18 @@ max_queue_length = 16
 max_queue_wait_ms = 250
 """
 
+# --triton: the shipped Triton policy for the identical and fixed-rate cases; for the overload
+# case the bench's own (a fixed limit of two batches) with a queue of two batches / 500 ms.
+TRITON_POLICY = Path(__file__).resolve().parents[2] / "policies" / "triton-grpc.toml"
+TRITON_DELAY_S = 0.01  # per batch, for the latency case: what is added shows above the model's own time
+TRITON_RATE = 100
+TRITON_OVERLOAD_DELAY_S = 0.2  # the recipe's default: 16 per 0.2 s, 80 calls/s
+TRITON_OVERLOAD_POLICY = """
+[classes.interactive]
+max_queue_length = {queue}
+max_queue_wait_ms = 500
+"""
+
 
 class Servicer:
     """bench.grpc.server in its own process (CPU 1 when there is one)."""
@@ -73,9 +86,11 @@ class Servicer:
             self.popen.kill()
 
 
-def sidecar(upstream: str, slots: int, tmp: Path, extra: str = "") -> Proc:
-    policy = tmp / f"policy-{slots}.toml"
-    policy.write_text(POLICY.format(slots=slots, extra=extra))
+def sidecar(upstream: str, slots: int, tmp: Path, extra: str = "", policy: Path | None = None) -> Proc:
+    """The sidecar in front of `upstream`, with POLICY (a fixed limit of `slots`) or the file `policy`."""
+    if policy is None:
+        policy = tmp / f"policy-{slots}.toml"
+        policy.write_text(POLICY.format(slots=slots, extra=extra))
     argv = ["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--upstream-protocol", "h2c"]
     proc = Proc(
         [*argv, "--upstream", f"http://{upstream}", "--policy", str(policy)], cpu=0, name="sidecar", ready_timeout_s=60
@@ -103,12 +118,18 @@ def quantile(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def fixed_rate(direct: str, via: str, car: Proc, rounds: int, seconds: float, rate: int) -> dict:
+def fixed_rate(
+    direct: str, via: str, car: Proc, rounds: int, seconds: float, rate: int, call: tuple = ("Unary", b"x" * 100)
+) -> dict:
+    """`call`: (method, payload[, service]) of the unary call, default the servicer's Unary."""
+    method, payload, *service = call
     runs: dict[str, list] = {"direct": [], "sidecar": []}
     for _ in range(rounds):
         for name, address in (("direct", direct), ("sidecar", via)):
             before = cpu_seconds(car.popen.pid)
-            run = asyncio.run(open_loop(address, "Unary", b"x" * 100, rate, seconds))
+            run = asyncio.run(
+                open_loop(address, method, payload, rate, seconds, service=(service or [SERVICE])[0], warm=True)
+            )
             cpu = cpu_seconds(car.popen.pid) - before
             runs[name].append(
                 {
@@ -138,20 +159,35 @@ def max_rate(direct: str, via: str, car: Proc, rounds: int, seconds: float) -> d
     return runs
 
 
-def overload(direct: str, via: str, car: Proc, seconds: float) -> dict:
-    payload = b"%d" % SLEEP_MS
-    peak_run = asyncio.run(closed_loop(via, "Sleep", payload, SLOTS, seconds))
+def overload(
+    direct: str,
+    via: str,
+    car: Proc,
+    seconds: float,
+    *,
+    call: tuple = ("Sleep", b"%d" % SLEEP_MS, SERVICE),
+    slots: int = SLOTS,
+    capacity: float = SLOTS * 1000.0 / SLEEP_MS,
+    settle=None,
+) -> dict:
+    """Peak goodput closed loop at `slots` in flight through the sidecar, then 2x `capacity` open loop;
+    `settle()` before each case (a server that keeps computing abandoned calls: wait them out)."""
+    method, payload, service = call
+    peak_run = asyncio.run(closed_loop(via, method, payload, slots, seconds, service=service))
     peak = peak_run.ok / peak_run.seconds
-    capacity = SLOTS * 1000.0 / SLEEP_MS
     out = {"capacity_calls_per_s": capacity, "peak_goodput_calls_per_s": peak, "offered_calls_per_s": 2 * capacity}
     cases = (
-        ("direct", direct, retrying_options()),
-        ("sidecar", via, retrying_options()),
+        ("direct", direct, retrying_options(service=service)),
+        ("sidecar", via, retrying_options(service=service)),
         ("sidecar, no retry policy", via, None),
     )
     for name, address, options in cases:
+        if settle is not None:
+            out.setdefault("settled_s", {})[name] = settle()
         before, cpu_before = rejections(car), cpu_seconds(car.popen.pid)
-        run = asyncio.run(open_loop(address, "Sleep", payload, 2 * capacity, seconds, timeout=5.0, options=options))
+        run = asyncio.run(
+            open_loop(address, method, payload, 2 * capacity, seconds, timeout=5.0, options=options, service=service)
+        )
         through = name != "direct"
         rejected_attempts = rejections(car) - before if through else 0.0
         busy = (cpu_seconds(car.popen.pid) - cpu_before) / run.seconds if through else None
@@ -181,68 +217,29 @@ def fmt(v: float | None, unit: str = "", digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}f}{unit}"
 
 
-def main() -> None:
-    args = parse_args(NAME, DOC)
-    pinned = pin(1)
-    rounds, seconds = (2, 4.0) if args.quick else (5, 15.0)
-    with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rampmeter-bench-grpc-")))
-        servicer = Servicer(SLOTS)
-        stack.callback(servicer.close)
-        car = stack.enter_context(sidecar(servicer.target, 256, tmp))
-        via = car.url("data").removeprefix("http://")
-        identical = outcome(servicer.target) == outcome(via)
-        fixed = {rate: fixed_rate(servicer.target, via, car, rounds, seconds, rate) for rate in RATES}
-        maxed = max_rate(servicer.target, via, car, rounds, seconds / 2)
-        car.stop()
-        tight = stack.enter_context(sidecar(servicer.target, SLOTS, tmp, OVERLOAD_POLICY))
-        over = overload(servicer.target, tight.url("data").removeprefix("http://"), tight, 2 * seconds)
+def _flags(p) -> None:
+    p.add_argument("--triton", action="store_true", help="also run against a real Triton (PyTriton, ../shared/servers)")
+    p.add_argument("--triton-only", action="store_true", help="only the Triton cases")
 
+
+def fixed_rows(fixed: dict) -> tuple[list[str], dict]:
     rows, added = [], {}
     for rate, runs_at in fixed.items():
         p50 = {k: med(v, "p50_ms") for k, v in runs_at.items()}
         p99 = {k: med(v, "p99_ms") for k, v in runs_at.items()}
         a50 = None if None in p50.values() else p50["sidecar"] - p50["direct"]
         a99 = None if None in p99.values() else p99["sidecar"] - p99["direct"]
-        added[rate] = a99
+        added[rate] = (a50, a99)
         cpu = med(runs_at["sidecar"], "sidecar_cpu_us_per_call")
         rows.append(
             f"| unary at {rate} calls/s: p50 / p99 | {fmt(p50['direct'])} / {fmt(p99['direct'])} ms "
             f"| {fmt(p50['sidecar'])} / {fmt(p99['sidecar'])} ms | {fmt(a50)} / {fmt(a99)} ms | {fmt(cpu, ' us', 0)} |"
         )
-    rate = {k: med(v, "calls_per_s") for k, v in maxed.items()}
-    cpu_max = med(maxed["sidecar"], "sidecar_cpu_us_per_call")
-    rows.append(
-        f"| max calls/s, {CONCURRENCY} in flight | {fmt(rate['direct'], '', 0)} | {fmt(rate['sidecar'], '', 0)} "
-        f"| | {fmt(cpu_max, ' us', 0)} |"
-    )
-    runs = {"identical": identical, "fixed_rate": fixed, "max_rate": maxed, "overload": over, "pinning": pinned}
-    sc = over["sidecar"]
-    targets = [
-        target("identical_direct_and_sidecar", 1.0 if identical else 0.0, "==", 1.0),
-        target(f"added_p99_ms_at_{RATE}_calls_per_s", added.get(RATE), "<=", 2.0),
-        target("goodput_at_2x_over_peak", sc["goodput_over_peak"], ">=", 0.9),
-    ]
+    return rows, added
+
+
+def overload_rows(over: dict) -> list[str]:
     md = [
-        f"# bench.grpc{' (quick)' if args.quick else ''}",
-        "",
-        f"Load generator {pinned} (grpc.aio), sidecar on CPU 0, grpcio servicer on CPU 1; "
-        f"{rounds} interleaved rounds of {seconds:g} s; load average at the end {os.getloadavg()[0]:.1f} "
-        "(a shared, busy machine: CPU us per call is the figure that survives it).",
-        "",
-        "| case | direct | sidecar | added | sidecar CPU per call |",
-        "|---|---:|---:|---:|---:|",
-        *rows,
-        "",
-        f"Identical results direct and through the sidecar (unary, server stream, error + trailers): {identical}.",
-        "",
-        f"Overload: Sleep {SLEEP_MS} ms, {SLOTS} at once (capacity {over['capacity_calls_per_s']:.0f} calls/s), "
-        f"sidecar limit {SLOTS}; peak goodput through the sidecar {over['peak_goodput_calls_per_s']:.1f} calls/s; "
-        f"offered {over['offered_calls_per_s']:.0f} calls/s open loop, clients with a gRPC retry policy "
-        "(UNAVAILABLE, 5 attempts, 10 ms backoff) except where it says none, 5 s deadline; goodput is OK calls "
-        "ended per second within the offered window (its first second left out). The load generator shares CPU 1 with the servicer: every retried attempt "
-        "takes CPU from the servicer too.",
-        "",
         "| | goodput calls/s | of peak | codes | sidecar-rejected attempts | retried after pushback | OK p50 / p99 "
         "| sidecar CPU (of a core) |",
         "|---|---:|---:|---|---:|---:|---:|---:|",
@@ -255,7 +252,131 @@ def main() -> None:
             f"| {o['sidecar_rejected_attempts']:.0f} | {'-' if share is None else f'{share * 100:.0f}%'} "
             f"| {fmt(o['p50_ms'], '', 0)} / {fmt(o['p99_ms'], '', 0)} ms | {fmt(o['sidecar_cpu_share'])} |"
         )
-    out = write_result(args, runs, targets, "\n".join(md))
+    return md
+
+
+def servicer_cases(stack: contextlib.ExitStack, tmp: Path, rounds: int, seconds: float) -> tuple[dict, list, list]:
+    """The grpcio servicer's cases (module doc): runs, targets, report lines."""
+    servicer = Servicer(SLOTS)
+    stack.callback(servicer.close)
+    car = stack.enter_context(sidecar(servicer.target, 256, tmp))
+    via = car.url("data").removeprefix("http://")
+    identical = outcome(servicer.target) == outcome(via)
+    fixed = {rate: fixed_rate(servicer.target, via, car, rounds, seconds, rate) for rate in RATES}
+    maxed = max_rate(servicer.target, via, car, rounds, seconds / 2)
+    car.stop()
+    tight = stack.enter_context(sidecar(servicer.target, SLOTS, tmp, OVERLOAD_POLICY))
+    over = overload(servicer.target, tight.url("data").removeprefix("http://"), tight, 2 * seconds)
+    tight.stop()
+
+    rows, added = fixed_rows(fixed)
+    rate = {k: med(v, "calls_per_s") for k, v in maxed.items()}
+    cpu_max = med(maxed["sidecar"], "sidecar_cpu_us_per_call")
+    rows.append(
+        f"| max calls/s, {CONCURRENCY} in flight | {fmt(rate['direct'], '', 0)} | {fmt(rate['sidecar'], '', 0)} "
+        f"| | {fmt(cpu_max, ' us', 0)} |"
+    )
+    runs = {"identical": identical, "fixed_rate": fixed, "max_rate": maxed, "overload": over}
+    targets = [
+        target("identical_direct_and_sidecar", 1.0 if identical else 0.0, "==", 1.0),
+        target(f"added_p99_ms_at_{RATE}_calls_per_s", added.get(RATE, (None, None))[1], "<=", 2.0),
+        target("goodput_at_2x_over_peak", over["sidecar"]["goodput_over_peak"], ">=", 0.9),
+    ]
+    md = [
+        "| case | direct | sidecar | added | sidecar CPU per call |",
+        "|---|---:|---:|---:|---:|",
+        *rows,
+        "",
+        f"Identical results direct and through the sidecar (unary, server stream, error + trailers): {identical}.",
+        "",
+        f"Overload: Sleep {SLEEP_MS} ms, {SLOTS} at once (capacity {over['capacity_calls_per_s']:.0f} calls/s), "
+        f"sidecar limit {SLOTS}; peak goodput through the sidecar {over['peak_goodput_calls_per_s']:.1f} calls/s; "
+        f"offered {over['offered_calls_per_s']:.0f} calls/s open loop, clients with a gRPC retry policy "
+        "(UNAVAILABLE, 5 attempts, 10 ms backoff) except where it says none, 5 s deadline; goodput is OK calls "
+        "ended per second within the offered window (its first second left out). The load generator shares CPU 1 "
+        "with the servicer: every retried attempt takes CPU from the servicer too.",
+        "",
+        *overload_rows(over),
+    ]
+    return runs, targets, md
+
+
+def triton_cases(stack: contextlib.ExitStack, tmp: Path, rounds: int, seconds: float) -> tuple[dict, list, list]:
+    """A real Triton (bench/grpc/triton.py): identical results, added latency, overload goodput."""
+    from bench.grpc import triton as tr
+
+    call = (tr.METHOD, tr.infer_request(), tr.SERVICE)
+    with tr.PyTriton(TRITON_DELAY_S, tmp) as _:
+        policy = tmp / "triton-grpc.toml"  # the shipped policy, without slow start (a bench starts cold)
+        policy.write_text(TRITON_POLICY.read_text() + "\n[slow_start]\nwindow_s = 0\n")
+        car = stack.enter_context(sidecar(tr.GRPC_TARGET, 0, tmp, policy=policy))
+        via = car.url("data").removeprefix("http://")
+        identical, seen = tr.identical(tr.GRPC_TARGET, via)
+        fixed = {TRITON_RATE: fixed_rate(tr.GRPC_TARGET, via, car, rounds, seconds, TRITON_RATE, call)}
+        car.stop()
+    slots = 2 * tr.MAX_BATCH  # one batch running, one forming (the shipped policy's limit too)
+    capacity = tr.MAX_BATCH / TRITON_OVERLOAD_DELAY_S
+    with tr.PyTriton(TRITON_OVERLOAD_DELAY_S, tmp) as _:
+        extra = TRITON_OVERLOAD_POLICY.format(queue=slots)
+        tight = stack.enter_context(sidecar(tr.GRPC_TARGET, slots, tmp, extra))
+        over = overload(
+            tr.GRPC_TARGET, tight.url("data").removeprefix("http://"), tight, 2 * seconds,
+            call=call, slots=slots, capacity=capacity, settle=tr.wait_idle,
+        )  # fmt: skip
+        tight.stop()
+    rows, added = fixed_rows(fixed)
+    runs = {"identical": identical, "seen_direct": seen, "fixed_rate": fixed, "overload": over}
+    targets = [
+        target("triton_identical_direct_and_sidecar", 1.0 if identical else 0.0, "==", 1.0),
+        target("triton_goodput_at_2x_over_peak", over["sidecar"]["goodput_over_peak"], ">=", 0.9),
+    ]
+    md = [
+        f"## Triton (PyTriton recipe, model tiny: x2 after {TRITON_DELAY_S * 1000:g} ms per batch, dynamic batching "
+        f"up to {tr.MAX_BATCH}), ModelInfer; sidecar running policies/{TRITON_POLICY.name} (slow start off)",
+        "",
+        "| case | direct | sidecar | added | sidecar CPU per call |",
+        "|---|---:|---:|---:|---:|",
+        *rows,
+        "",
+        f"Identical results direct and through the sidecar (tritonclient[grpc]: model metadata, 4 ModelInfer "
+        f"outputs, an unknown model's status and message): {identical}.",
+        "",
+        f"Overload: {TRITON_OVERLOAD_DELAY_S * 1000:g} ms per batch of up to {tr.MAX_BATCH} (capacity "
+        f"{capacity:.0f} calls/s), sidecar limit {slots}, class queue {slots} / 500 ms; peak goodput through the "
+        f"sidecar {over['peak_goodput_calls_per_s']:.1f} calls/s ({slots} in flight, closed loop); offered "
+        f"{over['offered_calls_per_s']:.0f} calls/s open loop, as above.",
+        "",
+        *overload_rows(over),
+    ]
+    return runs, targets, md
+
+
+def main() -> None:
+    args = parse_args(NAME, DOC, _flags)
+    pinned = pin(1)
+    rounds, seconds = (2, 4.0) if args.quick else (5, 15.0)
+    runs: dict = {"pinning": pinned}
+    targets: list = []
+    sections: list[str] = []
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rampmeter-bench-grpc-")))
+        if not args.triton_only:
+            runs["servicer"], t, md = servicer_cases(stack, tmp, rounds, seconds)
+            targets += t
+            sections += md
+        if args.triton or args.triton_only:
+            runs["triton"], t, md = triton_cases(stack, tmp, rounds, seconds)
+            targets += t
+            sections += ["", *md]
+    head = [
+        f"# bench.grpc{' (quick)' if args.quick else ''}",
+        "",
+        f"Load generator {pinned} (grpc.aio), sidecar on CPU 0, grpcio servicer on CPU 1; "
+        f"{rounds} interleaved rounds of {seconds:g} s; load average at the end {os.getloadavg()[0]:.1f} "
+        "(a shared, busy machine: CPU us per call is the figure that survives it).",
+        "",
+    ]
+    out = write_result(args, runs, targets, "\n".join(head + sections))
     print((out / "result.md").read_text())
 
 

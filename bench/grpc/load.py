@@ -21,13 +21,13 @@ from proxy.testing.grpc_servicer import SERVICE
 _OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
 
-def retrying_options(max_attempts: int = 5) -> list[tuple[str, object]]:
+def retrying_options(max_attempts: int = 5, service: str = SERVICE) -> list[tuple[str, object]]:
     """A gRPC retry policy for UNAVAILABLE with a 10 ms backoff of its own: what it waits beyond that
     is the server's grpc-retry-pushback-ms (gRFC A6)."""
     config = {
         "methodConfig": [
             {
-                "name": [{"service": SERVICE}],
+                "name": [{"service": service}],
                 "retryPolicy": {
                     "maxAttempts": max_attempts,
                     "initialBackoff": "0.01s",
@@ -84,13 +84,22 @@ async def _call(stub, payload: bytes, timeout: float, run: Run, started: float) 
 
 
 async def open_loop(
-    target: str, method: str, payload: bytes, rate: float, seconds: float, timeout: float = 5.0, options=None
+    target: str,
+    method: str,
+    payload: bytes,
+    rate: float,
+    seconds: float,
+    timeout: float = 5.0,
+    options=None,
+    service: str = SERVICE,
+    warm: bool | None = None,
 ) -> Run:
+    """`warm` (default: for Unary): one call before the clock starts."""
     run = Run()
     async with aio.insecure_channel(target, options=options or _OPTIONS) as channel:
-        stub = channel.unary_unary(f"/{SERVICE}/{method}")
-        if method == "Unary":
-            await stub(b"warm", timeout=60)  # the connection is up before the clock starts (a busy machine: late)
+        stub = channel.unary_unary(f"/{service}/{method}")
+        if method == "Unary" if warm is None else warm:
+            await stub(payload, timeout=60)  # the connection is up before the clock starts (a busy machine: late)
         tasks = []
         t0 = run.t0 = time.perf_counter()
         n = int(rate * seconds)
@@ -106,10 +115,12 @@ async def open_loop(
     return run
 
 
-async def closed_loop(target: str, method: str, payload: bytes, concurrency: int, seconds: float) -> Run:
+async def closed_loop(
+    target: str, method: str, payload: bytes, concurrency: int, seconds: float, service: str = SERVICE
+) -> Run:
     run = Run()
     async with aio.insecure_channel(target, options=_OPTIONS) as channel:
-        stub = channel.unary_unary(f"/{SERVICE}/{method}")
+        stub = channel.unary_unary(f"/{service}/{method}")
         t0 = run.t0 = time.perf_counter()
         end = t0 + seconds
 
