@@ -219,8 +219,11 @@ class Shedder:
         # Room for it once the queue ahead has drained and then one more request finished, behind the
         # retries already promised, one slot each: a request finishes every 1 / drain rate.
         rate = snap.drain_rate_per_s
-        slot_ms = 1000.0 / rate if rate > 0 else math.inf
-        return Reject(reason, self.retry_after.schedule(drain_ms(ahead + 1, rate), now, slot_ms, remaining_ms), message)
+        if rate <= 0:  # nothing finished yet: no slot interval to schedule by, only the bound (the max)
+            return Reject(reason, self.retry_after(drain_ms(ahead + 1, rate)), message)
+        return Reject(
+            reason, self.retry_after.schedule(drain_ms(ahead + 1, rate), now, 1000.0 / rate, remaining_ms), message
+        )
 
     def statistics(self) -> ShedStatistics:
         codel = None if self.codels is None else tuple(c.statistics() for c in self.codels)
