@@ -153,7 +153,7 @@ def serve_wire(address: str, upstream_url: str, reuse_port: bool = False) -> Non
     """
     import trio
 
-    from proxy.http import forward
+    from proxy.http import forward, heap
     from proxy.http.pool import UpstreamPool
     from proxy.http.server import Server
     from proxy.metrics import Metrics
@@ -174,7 +174,9 @@ def serve_wire(address: str, upstream_url: str, reuse_port: bool = False) -> Non
 
             async with trio.open_nursery() as nursery:
                 serve = partial(Server(relay, metrics=metrics).serve, reuse_port=reuse_port)
-                print_ready({"data": await nursery.start(serve, address)})
+                bound = await nursery.start(serve, address)
+                heap.settle()  # as `rampmeter serve` does once started
+                print_ready({"data": bound})
 
     trio.run(main)
 

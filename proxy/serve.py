@@ -21,6 +21,7 @@ import msgspec
 import trio
 
 from proxy.errors import PolicyError, StartupError
+from proxy.http import heap
 from proxy.policy.load import load_policy, policy_from_builtins
 from proxy.policy.schema import Policy
 from proxy.ready import print_ready
@@ -148,6 +149,7 @@ async def _serve(policy: Policy, version: PolicyVersion, policy_path: str | None
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             addresses = await nursery.start(app.run, policy.listen.address, policy.admin.address)
+            heap.settle()  # start-up is done: freeze its heap out of the GC's passes (proxy/http/heap.py)
             print_ready(addresses)
             async for signum in signals:
                 log.info("%s received", signal.Signals(signum).name)
