@@ -181,3 +181,68 @@ def h1_request_head(method: bytes, target: bytes, headers: Headers) -> bytes:
         parts += (name, b": ", value, b"\r\n")
     parts.append(b"\r\n")
     return b"".join(parts)
+
+
+# --- what an HTTP/2 upstream sends back (the upstream client runs h2 with inbound validation off too) ---
+
+_response_memo: dict[tuple, tuple[int, list[tuple[bytes, bytes]]]] = {}
+
+
+def parse_response(fields: list[tuple[bytes, bytes]]) -> tuple[int, list[tuple[bytes, bytes]]] | str:
+    """(status, regular fields) of a response header block, or why it is malformed (RFC 9113 8.3.2).
+
+    The same field rules as a request's (names lower-case tokens, values field-content, no
+    connection-specific fields, pseudo-headers first), with `:status` (three digits) the only
+    pseudo-header, exactly once. A caller gets a fresh list each time (it may edit it); whole
+    blocks that passed are remembered as `parse_request` remembers them."""
+    key = None
+    if len(fields) <= MEMO_MAX_FIELDS:
+        key = tuple(fields)
+        hit = _response_memo.get(key)
+        if hit is not None:
+            return hit[0], list(hit[1])
+    status = None
+    regular: list[tuple[bytes, bytes]] = []
+    for field in fields:
+        name, value = field
+        if name[:1] == b":":
+            if regular or name != b":status" or status is not None:
+                return f"pseudo-header {_show(name)} misplaced, repeated or not allowed in a response"
+            if len(value) != 3 or not value.isdigit():
+                return "invalid :status"
+            status = int(value)
+            continue
+        problem = _field_problem(name, value)
+        if problem:
+            return problem
+        regular.append(field)
+    if status is None:
+        return "missing :status"
+    if key is not None and sum(len(n) + len(v) for n, v in regular) <= MEMO_MAX_BYTES:
+        if len(_response_memo) >= MEMO_ENTRIES:
+            del _response_memo[next(iter(_response_memo))]
+        _response_memo[key] = (status, regular)
+        return status, list(regular)
+    return status, regular
+
+
+def parse_trailers(fields: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]] | str:
+    """The fields of a trailer block, or why it is malformed: no pseudo-headers (RFC 9113 8.1)."""
+    out = []
+    for field in fields:
+        name, value = field
+        problem = "pseudo-header in trailers" if name[:1] == b":" else _field_problem(name, value)
+        if problem:
+            return problem
+        out.append(field)
+    return out
+
+
+def _field_problem(name: bytes, value: bytes) -> str:
+    if _NAME_OK(name) is None:
+        return f"invalid header name {_show(name)} (names are lower-case tokens)"
+    if _VALUE_BAD(value) is not None:
+        return f"invalid value for header {_show(name)}"
+    if name in CONNECTION_SPECIFIC or (name == b"te" and value != b"trailers"):
+        return f"connection-specific header {_show(name)} is not allowed in HTTP/2"
+    return ""

@@ -181,3 +181,39 @@ def test_whatever_passes_is_valid_http1_as_h11_sees_it(extra):
     event = server.next_event()
     assert type(event) is h11.Request, wire
     assert [(k, v) for k, v in event.headers] == [(b"host", head.authority), *head.headers]
+
+
+def test_a_response_head_is_status_and_regular_fields():
+    fields = [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"grpc-encoding", b"identity")]
+    status, headers = h2rules.parse_response(fields)
+    assert (status, headers) == (200, fields[1:])
+    headers.append((b"x-edited", b"1"))  # a caller's edit never reaches the remembered block
+    assert h2rules.parse_response(fields) == (200, fields[1:])
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ([(b"content-type", b"a")], "missing :status"),
+        ([(b":status", b"20")], "invalid :status"),
+        ([(b":status", b"200"), (b":status", b"200")], "pseudo-header"),
+        ([(b":status", b"200"), (b":path", b"/")], "pseudo-header"),
+        ([(b":status", b"200"), (b"a", b"1"), (b":status", b"204")], "pseudo-header"),
+        ([(b":status", b"200"), (b"Upper", b"1")], "invalid header name"),
+        ([(b":status", b"200"), (b"x", b"a\nb")], "invalid value"),
+        ([(b":status", b"200"), (b"transfer-encoding", b"chunked")], "connection-specific"),
+        ([(b":status", b"200"), (b"te", b"gzip")], "connection-specific"),
+    ],
+)
+def test_malformed_response_heads_say_why(fields, why):
+    problem = h2rules.parse_response(fields)
+    assert isinstance(problem, str) and why in problem
+
+
+def test_trailers_take_no_pseudo_headers():
+    assert h2rules.parse_trailers([(b"grpc-status", b"0"), (b"grpc-message", b"")]) == [
+        (b"grpc-status", b"0"),
+        (b"grpc-message", b""),
+    ]
+    assert "pseudo-header" in h2rules.parse_trailers([(b":status", b"200")])
+    assert "invalid value" in h2rules.parse_trailers([(b"grpc-message", b"a\r\n")])

@@ -306,3 +306,47 @@ async def test_request_frames_serialised_by_us_keep_h2s_state_and_prune_closed_s
                 assert resp.status == 200
                 state = conn._h2.streams[resp._s.id]
                 assert state.request_method == b"HEAD" and state.state_machine.headers_sent
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        [(b"X-Upper", b"1")],  # names are lower case (RFC 9113 8.2)
+        [(b"x-split", b"a\r\nset-cookie: evil")],  # no CR/LF: it would split an HTTP/1.1 head downstream
+        [(b"connection", b"close")],  # connection-specific (8.2.2)
+    ],
+)
+async def test_a_malformed_response_head_fails_its_stream_only(head):
+    """h2's own inbound validation is off (h2rules.parse_response instead): a malformed head is a
+    stream error, reset PROTOCOL_ERROR, and the connection goes on serving (h2's would end it)."""
+
+    async def handler(ex: H2Exchange) -> None:
+        await ex.read_body()
+        if len(ex.server.exchanges) == 1:
+            ex.conn.h2.config.validate_outbound_headers = False  # the raw server sends what we say
+            ex.conn.h2.config.normalize_outbound_headers = False
+            await ex.start(200, head)
+            await ex.reset_seen.wait()
+        else:
+            await ex.respond(200, b"fine")
+
+    async with h2_upstream(handler) as (server, pool):
+        with pytest.raises(UpstreamProtocolError, match="malformed response head"):
+            await get(pool)
+        assert await get(pool) == (200, b"fine")
+        assert server.resets[0][1] == ErrorCodes.PROTOCOL_ERROR and server.connections == 1
+
+
+async def test_malformed_trailers_fail_the_stream():
+    async def handler(ex: H2Exchange) -> None:
+        await ex.read_body()
+        await ex.start(200, [(b"content-type", b"application/grpc")])
+        await ex.send(b"\x00\x00\x00\x00\x00")
+        ex.conn.h2.config.validate_outbound_headers = False
+        ex.conn.h2.send_headers(ex.stream_id, [(b":status", b"200")], end_stream=True)  # a pseudo-header in trailers
+        await ex.conn.flush()
+
+    async with h2_upstream(handler) as (_, pool):
+        with pytest.raises(UpstreamProtocolError, match="malformed trailers"):
+            async with pool.request(0, b"POST", b"/", HOST, b"") as resp:
+                await resp.read()
