@@ -124,11 +124,14 @@ async def forward(
     on_complete: Callable[[Forwarded], None] | None = None,
     *,
     scoped: bool = True,
+    restamp: bool = True,
 ) -> Forwarded:
-    """One upstream exchange, relayed to `sink`; `on_complete` when the upstream's part is over (module doc)."""
+    """One upstream exchange, relayed to `sink`; `on_complete` when the upstream's part is over (module
+    doc). `restamp=False`: the caller knows the request carries no budget header (proxy/runtime/fields.py),
+    so there is nothing to rewrite."""
     headers = fwd.request_headers(request, pool.authority(upstream))
     started = trio.current_time()
-    if deadline is not None:
+    if deadline is not None and restamp:
         _restamp_budget(headers, deadline - started)
     cap = started + timeout_s
     complete = _Completion(on_complete)
