@@ -18,6 +18,7 @@ import enum
 from dataclasses import dataclass
 
 from proxy.core.cost import Cost
+from proxy.core.values import Value
 from proxy.core.wire import Reason, rejection
 
 
@@ -31,31 +32,7 @@ class Outcome(enum.Enum):
     CANCELLED = "cancelled"  # client gone / cancelled: no sample
 
 
-class _Value:
-    """A plain `__slots__` value class, equal by its fields (`_FIELDS`): one of these is built per
-    request on the hot path, where a frozen dataclass's `__init__` (an `object.__setattr__` per
-    field) cost ~8 us a Ticket against ~2.5 (issue 16). Treated as immutable by convention: nothing
-    assigns to a field after construction (a changed ticket is a new one, `Ticket.with_class`)."""
-
-    __slots__ = ()
-    _FIELDS: tuple[str, ...] = ()
-
-    def _key(self) -> tuple[object, ...]:
-        return tuple(getattr(self, f) for f in self._FIELDS)
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        return self._key() == other._key()  # type: ignore[attr-defined]
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in self._FIELDS) + ")"
-
-
-class Ticket(_Value):
+class Ticket(Value):
     """One request at arrival: class, cost, expected service time, absolute deadline."""
 
     __slots__ = ("budget_ms", "cost", "deadline", "expected_ms", "id", "klass", "tenant")
@@ -84,7 +61,7 @@ class Ticket(_Value):
         return Ticket(self.id, klass, self.cost, self.expected_ms, self.deadline, self.budget_ms, self.tenant)
 
 
-class Lease(_Value):
+class Lease(Value):
     """The right to have one request upstream, released exactly once."""
 
     __slots__ = ("admitted_at", "id", "queue_ms", "service_ms", "ticket", "units", "upstream")
@@ -111,7 +88,7 @@ class Lease(_Value):
         self.service_ms = service_ms
 
 
-class Admit(_Value):
+class Admit(Value):
     __slots__ = ("lease",)
     _FIELDS = ("lease",)
 

@@ -48,13 +48,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import msgspec
 import trio
 
 from proxy.core import wire
 from proxy.core.decisions import ExpiredAt, Observed, Outcome, Reject, deadline_expired
+from proxy.core.values import Value
 from proxy.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from proxy.http import forward as fwd
 from proxy.http.messages import Headers, Request, ResponseSink, header_value
@@ -85,14 +85,27 @@ class _WithUsage(msgspec.Struct):
 _decode_usage = msgspec.json.Decoder(_WithUsage).decode
 
 
-@dataclass(frozen=True, slots=True)
-class Forwarded:
-    outcome: Outcome
-    status: int  # what the client was answered
-    service_ms: float | None = None
-    observed: Observed | None = None
-    reason: wire.Reason | None = None  # set when the sidecar answered for the upstream
-    cut: bool = False  # the response had started when the exchange failed: the client's stream must be aborted
+class Forwarded(Value):
+    """How one exchange ended (one per request: a plain value class, proxy/core/values.py)."""
+
+    __slots__ = ("cut", "observed", "outcome", "reason", "service_ms", "status")
+    _FIELDS = ("outcome", "status", "service_ms", "observed", "reason", "cut")
+
+    def __init__(
+        self,
+        outcome: Outcome,
+        status: int,  # what the client was answered
+        service_ms: float | None = None,
+        observed: Observed | None = None,
+        reason: wire.Reason | None = None,  # set when the sidecar answered for the upstream
+        cut: bool = False,  # the response had started when the exchange failed: the client's stream must be aborted
+    ) -> None:
+        self.outcome = outcome
+        self.status = status
+        self.service_ms = service_ms
+        self.observed = observed
+        self.reason = reason
+        self.cut = cut
 
 
 class _Completion:
