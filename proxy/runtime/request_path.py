@@ -20,15 +20,17 @@ passes is answered 504 deadline_expired, and its upstream exchange is cancelled,
 freeing the GPU. How the deadline is applied depends on whether the request can
 wait anywhere that only a cancel scope bounds:
 
-- the common case (ready, an HTTP/1.1 client): no scope. A queued wait ends at
-  the controller's expiry (never later than the deadline); the upstream exchange
-  is bounded by the pool (relay.forward with scoped=False: no scope per request
-  for HTTP/1.1 upstreams); a client that does not read its answer is given up at
-  the deadline by the h1 server (`Request.deadline`). Entering and leaving a scope
-  costs ~17 us a request (proxy/http/deadlines.py), most of a "plain" request's
-  wait-free path.
-- otherwise (warming up, an HTTP/2 client whose writes the h2 server does not
-  bound): one `trio.move_on_at` around readiness, queueing and the upstream call.
+- the common case (ready, HTTP/1.1 or HTTP/2, not a batching route, not a background
+  dedup leader): no scope. A queued wait ends at the controller's expiry (never later
+  than the deadline); the upstream exchange is bounded by the pool (relay.forward with
+  scoped=False: no scope per request for HTTP/1.1 upstreams); a client that does not
+  read its answer is given up at the deadline by the h1 server (`Request.deadline`); an
+  HTTP/2 client's answer is checked against the deadline on the clock before its one
+  write, and only a streamed answer gets a scope (relay._relay `write_by`). Entering and
+  leaving a scope costs ~17 us a request (proxy/http/deadlines.py), most of a "plain"
+  request's wait-free path.
+- otherwise (warming up, a batching route, a background leader): one `trio.move_on_at`
+  around readiness, queueing and the upstream call.
 
 Request bodies are read whole (bounded by listen.max_body_bytes) before anything
 else: admission needs them to estimate cost and dedup to fingerprint them, the
@@ -227,8 +229,11 @@ class RequestPath:
         sent a budget header, which the relay rewrites with what remains)."""
         p = self._parts if parts is None else parts
         readiness, scheduler = p.readiness, p.scheduler
-        if readiness.ready and request.http_version != "2" and not outlive and not p.batcher.batches(request):
-            # HTTP/1.1 fast path, no cancel scope: the pool bounds the exchange by the deadline.
+        if readiness.ready and not outlive and not p.batcher.batches(request):
+            # The fast path, no cancel scope: a queued wait ends at the controller's expiry, the pool
+            # bounds the exchange by the deadline, the HTTP/1.1 server the client's writes
+            # (Request.deadline), and for an HTTP/2 client the relay (a clock check before a single
+            # write; a scope only around a streamed answer: relay._relay).
             request.deadline = ticket.deadline
             async with scheduler.admit(ticket) as slot:
                 refusal = slot.rejection
