@@ -21,28 +21,18 @@ from __future__ import annotations
 from proxy.core import wire
 from proxy.http.messages import Headers
 
-_REQUEST_ID = 0
-_CONTENT_TYPE = 1
-_IDEMPOTENCY_KEY = 2
-_FIRST = 3  # slots below this keep the first occurrence
-_PRIORITY = 3
-_TIMEOUT = 4
-_GRPC_TIMEOUT = 5
-_COST_HINT = 6
-_TENANT = 7
-_AUTHORIZATION = 8
-_SLOTS = {
-    wire.REQUEST_ID.encode(): _REQUEST_ID,
-    b"content-type": _CONTENT_TYPE,
-    wire.IDEMPOTENCY_KEY.encode(): _IDEMPOTENCY_KEY,
-    wire.PRIORITY.encode(): _PRIORITY,
-    wire.REQUEST_TIMEOUT_MS.encode(): _TIMEOUT,
-    wire.GRPC_TIMEOUT.encode(): _GRPC_TIMEOUT,
-    wire.COST_HINT.encode(): _COST_HINT,
-    wire.TENANT.encode(): _TENANT,
-    b"authorization": _AUTHORIZATION,
+_WANTED = {
+    wire.REQUEST_ID.encode(): "request_id",
+    b"content-type": "content_type",
+    wire.IDEMPOTENCY_KEY.encode(): "idempotency_key",
+    wire.PRIORITY.encode(): "priority",
+    wire.REQUEST_TIMEOUT_MS.encode(): "timeout",
+    wire.GRPC_TIMEOUT.encode(): "grpc_timeout",
+    wire.COST_HINT.encode(): "cost_hint",
+    wire.TENANT.encode(): "tenant",
+    b"authorization": "authorization",
 }
-_NONE: tuple[None, ...] = (None,) * 9
+_FIRST_ONLY = frozenset(("request_id", "content_type", "idempotency_key"))  # header_value's rule: the first
 
 
 class Fields:
@@ -61,39 +51,34 @@ class Fields:
         "timeout",
     )
 
-    def __init__(self, values: tuple[bytes | None, ...] | list[bytes | None] = _NONE, request_id_at: int = -1) -> None:
-        (
-            self.request_id,
-            self.content_type,
-            self.idempotency_key,
-            self.priority,
-            self.timeout,
-            self.grpc_timeout,
-            self.cost_hint,
-            self.tenant,
-            self.authorization,
-        ) = values
-        self.request_id_at = request_id_at  # index of the first x-request-id in the list (-1: none)
+    def __init__(self) -> None:
+        self.request_id: bytes | None = None
+        self.content_type: bytes | None = None
+        self.idempotency_key: bytes | None = None
+        self.priority: bytes | None = None
+        self.timeout: bytes | None = None  # x-request-timeout-ms
+        self.grpc_timeout: bytes | None = None
+        self.cost_hint: bytes | None = None
+        self.tenant: bytes | None = None  # x-tenant
+        self.authorization: bytes | None = None
+        self.request_id_at = -1  # index of the first x-request-id in the list (-1: none)
 
     @classmethod
     def read(cls, headers: Headers) -> Fields:
         """One pass over `headers` (lower-case names, as both servers give them)."""
-        values: list[bytes | None] | None = None
-        rid_at = -1
-        slots = _SLOTS
+        f = cls()
+        wanted = _WANTED
         for i, (name, value) in enumerate(headers):
-            slot = slots.get(name)
-            if slot is None:
-                continue
-            if values is None:
-                values = [None] * 9
-            if slot >= _FIRST:
-                values[slot] = value
-            elif values[slot] is None:
-                values[slot] = value
-                if slot == _REQUEST_ID:
-                    rid_at = i
-        return cls(_NONE if values is None else values, rid_at)
+            if name in wanted:
+                attr = wanted[name]
+                if attr in _FIRST_ONLY:
+                    if getattr(f, attr) is None:
+                        setattr(f, attr, value)
+                        if attr == "request_id":
+                            f.request_id_at = i
+                else:
+                    setattr(f, attr, value)
+        return f
 
     @property
     def has_budget(self) -> bool:
