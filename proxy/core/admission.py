@@ -301,8 +301,8 @@ class AdmissionController:
             if observed is not None and not observed.prompt_tokens and not observed.output_tokens:
                 observed = None  # usage all zeros (LitServe reports that): it reported nothing
             # Taken now, folded in batches (_fold): with nobody queued nothing reads these samples
-            # before the next few releases; a queue, a judging (probe) sample or any other event
-            # folds at once, so every decision that waits on them sees them.
+            # before the next few releases; a queue, a judging (probe) sample, a model still in
+            # warm-up (its first samples move it off the priors) or any other event folds at once.
             per = (
                 latency_tokens(t, observed, self.models.fill(t.cost.route, t.cost.output_tokens))
                 if self._per_token
@@ -310,7 +310,7 @@ class AdmissionController:
             )
             samples = self._samples
             samples.append((i, rtt_ms / per, inflight, t, rtt_ms, observed, now))
-            if probe or len(samples) >= SAMPLE_BATCH or len(self.waitline):
+            if probe or len(samples) >= SAMPLE_BATCH or len(self.waitline) or self.models.warming(t.cost.route):
                 self._fold()
         elif outcome is Outcome.REFUSED:
             self.balancer.mark_refused(i, now)

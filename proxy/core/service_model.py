@@ -447,6 +447,12 @@ class ServiceModels:
             return 0.0
         return model.floors.floor_ms(shape_bucket(prompt_tokens, requested_output_tokens), now)
 
+    def warming(self, route: str) -> bool:
+        """Whether the route's model is still in warm-up (each sample solved at once: priors are being
+        left behind, so a batched sample would leave the next arrivals on the priors)."""
+        model = self._models.get(route)
+        return model is not None and model.samples < model._warmup
+
     def judged(self, route: str) -> bool:
         """Whether the route's model has more than priors to go on (unknown routes: judged)."""
         model = self._models.get(route)

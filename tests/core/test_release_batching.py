@@ -82,29 +82,33 @@ def _served(ctl: AdmissionController, n: int, now: float) -> float:
 def test_quiet_releases_fold_every_batch_and_statistics_folds_the_rest() -> None:
     ctl = AdmissionController(make_policy(limit=4, kind="gradient"), rng=random.Random(0))
     model = ctl.models._models["/"]
-    now = _served(ctl, SAMPLE_BATCH - 1, 1.0)
-    assert model.samples == 0  # taken, not yet folded
+    warm = model._warmup
+    now = _served(ctl, warm, 1.0)
+    assert model.samples == warm  # in warm-up every sample is folded at once: off the priors fast
+    now = _served(ctl, SAMPLE_BATCH - 1, now)
+    assert model.samples == warm  # past it: taken, not yet folded
     now = _served(ctl, 1, now)
-    assert model.samples == SAMPLE_BATCH and ctl.capacity.limits[0].samples == SAMPLE_BATCH
+    assert model.samples == warm + SAMPLE_BATCH and ctl.capacity.limits[0].samples == warm + SAMPLE_BATCH
     _served(ctl, 3, now)
-    assert model.samples == SAMPLE_BATCH
+    assert model.samples == warm + SAMPLE_BATCH
     ctl.statistics()  # introspection reads the current state
-    assert model.samples == SAMPLE_BATCH + 3 and ctl.capacity.limits[0].samples == SAMPLE_BATCH + 3
+    assert model.samples == warm + SAMPLE_BATCH + 3
 
 
 def test_a_queue_or_another_outcome_folds_at_once() -> None:
-    ctl = AdmissionController(make_policy(limit=1, kind="gradient"), rng=random.Random(0))
-    limit = ctl.capacity.limits[0]
-    now = _served(ctl, 2, 1.0)
-    assert limit.samples == 0
+    ctl = AdmissionController(make_policy(limit=1), rng=random.Random(0))
+    model = ctl.models._models["/"]
+    warm = model._warmup
+    now = _served(ctl, warm + 2, 1.0)
+    assert model.samples == warm
     first = ctl.arrive(ticket(expected_ms=10.0), now)
     assert isinstance(first, Admit)
     ctl.arrive(ticket(expected_ms=10.0), now)  # the limit is 1: this one queues
-    assert limit.samples == 2  # an arrival that is not quiet (no room) folded what was taken
+    assert model.samples == warm + 2  # an arrival that is not quiet (no room) folded what was taken
     ctl.release(first.lease, now + 0.01, Outcome.SUCCESS, 10.0)
-    assert limit.samples == 3  # released with a queue: folded at once
+    assert model.samples == warm + 3  # released with a queue: folded at once
     ctl = AdmissionController(make_policy(limit=4, kind="gradient"), rng=random.Random(0))
-    now = _served(ctl, 3, 1.0)
+    now = _served(ctl, warm + 3, 1.0)
     d = ctl.arrive(ticket(expected_ms=10.0), now)
     ctl.release(d.lease, now + 0.01, Outcome.DROPPED, 10.0)
-    assert ctl.capacity.limits[0].samples == 4  # the three successes, then the drop, in order
+    assert ctl.capacity.limits[0].samples == warm + 4  # the three successes, then the drop, in order
