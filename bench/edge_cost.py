@@ -44,7 +44,7 @@ class _Sink:
         pass
 
 
-async def _inner(request, sink) -> None:
+async def _inner(request, sink, fields=None) -> None:
     request.klass = "interactive"
     await sink.respond(200, [(b"content-type", b"application/json")], BODY)
 

@@ -125,6 +125,9 @@ class Gate(Protocol):
 
 
 _NOTHING_OBSERVED = Observed()
+# Completed samples folded at once on the quiet path (release): the model already solves theta
+# once per SOLVE_EVERY (proxy/core/service_model.py); the same count bounds how stale a limit is.
+SAMPLE_BATCH = 16
 # A ticket that would have to queue but cannot afford any wait (now >= its expiry time).
 _NO_TIME_TO_WAIT = deadline_unmeetable(None, None)
 
@@ -154,6 +157,8 @@ class AdmissionController:
         self._leases: dict[int, Lease] = {}
         self._charges: dict[int, int] = {}  # lease id -> units charged now (re-counted on reload)
         self._outbox: list[Admit | Expired] = []
+        # Completed samples not yet fed to the limits, load and models (release, _fold).
+        self._samples: list[tuple[int, float, int, Ticket, float, Observed | None, float]] = []
         self._newcomer: int | None = None  # the ticket whose own decision arrive() returns
         self._newcomer_admit: Admit | None = None
         self._newcomer_service_ms = 0.0
@@ -202,11 +207,13 @@ class AdmissionController:
         self._now = now
         self._settle(now)
         line = self.waitline
+        load = self._load
+        if self._samples and not load.quiet():
+            self._fold()  # not the quiet fast path: the limit and the estimates it is judged by are current
         if line.get(ticket.id) is not None:
             raise ValueError(f"ticket {ticket.id} is already queued")
         if now >= ticket.deadline:
             return self._reject(deadline_expired(ExpiredAt.ARRIVAL))
-        load = self._load
         service_ms = self.service_ms(ticket, now)
         if self.gate is not None:
             verdict = self.gate(ticket, now, load, service_ms)
@@ -263,6 +270,8 @@ class AdmissionController:
         self._now = now
         if self._leases.pop(lease.id, None) is None:
             raise LeaseError(f"lease {lease.id} released twice or never granted")
+        if outcome is not Outcome.SUCCESS:
+            self._fold()  # the samples taken before this event first: the limit and models hear them in order
         self._settle(now)
         i, t = lease.upstream, lease.ticket
         inflight = self.capacity.used[i]
@@ -282,38 +291,65 @@ class AdmissionController:
             self.counts["phantoms"] += 1
         else:
             self.capacity.give(i, t.klass, charge)
-        if lease.id in self._probe_leases:
+        probe = lease.id in self._probe_leases
+        if probe:
             self._probe_leases.discard(lease.id)
             self._probes[t.cost.route] -= 1
         load.released(now)
         self.counts["released"] += 1
-        if outcome is Outcome.REFUSED:
-            self.balancer.mark_refused(i, now)
-        elif outcome is Outcome.DROPPED:  # overload signal: back off, latency or not
-            self.capacity.limits[i].on_sample(now, rtt_ms or 0.0, inflight, True)
-        elif outcome is Outcome.SUCCESS and rtt_ms is not None:
+        if outcome is Outcome.SUCCESS and rtt_ms is not None:
             if observed is not None and not observed.prompt_tokens and not observed.output_tokens:
                 observed = None  # usage all zeros (LitServe reports that): it reported nothing
+            # Taken now, folded in batches (_fold): with nobody queued nothing reads these samples
+            # before the next few releases; a queue, a judging (probe) sample, a model still in
+            # warm-up (its first samples move it off the priors) or any other event folds at once.
             per = (
                 latency_tokens(t, observed, self.models.fill(t.cost.route, t.cost.output_tokens))
                 if self._per_token
                 else 1
             )
-            self.capacity.limits[i].on_sample(now, rtt_ms / per, inflight, False)
-            load.completed(rtt_ms, now)
-            c, o = t.cost, observed or _NOTHING_OBSERVED
-            self.models.learn(
-                c.route,
-                c.prompt_tokens,
-                c.output_tokens,
-                t.expected_ms,
-                rtt_ms,
-                o.prompt_tokens,
-                o.output_tokens,
-                now,
-            )
+            samples = self._samples
+            samples.append((i, rtt_ms / per, inflight, t, rtt_ms, observed, now))
+            if probe or len(samples) >= SAMPLE_BATCH or len(self.waitline) or self.models.warming(t.cost.route):
+                self._fold()
+        elif outcome is Outcome.REFUSED:
+            self.balancer.mark_refused(i, now)
+        elif outcome is Outcome.DROPPED:  # overload signal: back off, latency or not
+            self.capacity.limits[i].on_sample(now, rtt_ms or 0.0, inflight, True)
         self._dispatch(now)
         return self.take_woken()
+
+    def _fold(self) -> None:
+        """Feed the completed samples taken since the last fold, in order: each upstream's limit, the
+        load estimator's service times, the route models (one loop per model: ServiceModels.learn_many)."""
+        samples = self._samples
+        if not samples:
+            return
+        self._samples = []
+        limits, load = self.capacity.limits, self._load
+        learned = []
+        for i, latency, inflight, t, rtt_ms, observed, now in samples:
+            if i < len(limits):  # a reload may have dropped the upstream
+                limits[i].on_sample(now, latency, inflight, False)
+            load.completed(rtt_ms, now)
+            c, o = t.cost, observed or _NOTHING_OBSERVED
+            learned.append(
+                (
+                    c.route,
+                    c.prompt_tokens,
+                    c.output_tokens,
+                    t.expected_ms,
+                    rtt_ms,
+                    o.prompt_tokens,
+                    o.output_tokens,
+                    now,
+                )
+            )
+        self.models.learn_many(learned)
+
+    def flush(self) -> None:
+        """Fold the completed samples taken so far (introspection and tests read a current state)."""
+        self._fold()
 
     def _remaining_ms(self, lease: Lease, elapsed_ms: float, now: float) -> float:
         """What a cut request still costs its upstream: 0 if it stops on cancel, else its expected
@@ -351,6 +387,7 @@ class AdmissionController:
         """The engine's own request gauges for upstream `index` (None: unknown): teach "auto"
         whether cut requests stay in the engine; returns the waiters woken."""
         self._now = now
+        self._fold()
         self._settle(now)
         live = self.capacity.requests[index] - len(self.phantoms.on(index))
         if running is not None and index < len(self.habits):
@@ -368,6 +405,7 @@ class AdmissionController:
         """A warm-up probe of this request took `latency_ms`: a sample before any real traffic
         (the route is judged from then on), then dispatch, since held tickets may now go."""
         self._now = now
+        self._fold()
         self._settle(now)
         c = self.estimator.estimate(path, body)
         self.models.seed(c.route, c.prompt_tokens, c.output_tokens, latency_ms, now)
@@ -546,6 +584,7 @@ class AdmissionController:
         """Swap the policy, with the arrival gate and service-time family built for it (None: keep
         the ones in force); queued tickets and leases survive (see the module docstring)."""
         self._now = now
+        self._fold()
         if gate is not None:
             self.gate = gate
         if service is not None:
@@ -602,6 +641,7 @@ class AdmissionController:
         self._charges = cap.recount((lz.id, lz.upstream, lz.ticket.klass, self._units(lz.ticket)) for lz in held)
 
     def statistics(self, now: float | None = None) -> dict[str, Any]:
+        self._fold()
         now = self._now if now is None else now
         classes = self.waitline.statistics(now)
         arrivals, leaves, drain = self._load.rates(now)

@@ -31,8 +31,8 @@ clamped to [min, max]; no hint without samples.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+from proxy.core.values import Value
 from proxy.core.wire import parse_grpc_timeout_ms, parse_timeout_ms
 
 
@@ -59,18 +59,24 @@ def service_estimate_ms(observed_p99_ms: float | None, model_expected_ms: float)
     return model_expected_ms if observed_p99_ms is None else observed_p99_ms
 
 
-@dataclass(frozen=True, slots=True)
-class Meetable:
-    completion: float  # estimated completion time, seconds
-    slack_ms: float  # remaining budget left over at completion (>= 0)
+class Meetable(Value):
+    __slots__ = ("completion", "slack_ms")
+    _FIELDS = ("completion", "slack_ms")
+
+    def __init__(self, completion: float, slack_ms: float) -> None:
+        self.completion = completion  # estimated completion time, seconds
+        self.slack_ms = slack_ms  # remaining budget left over at completion (>= 0)
 
 
-@dataclass(frozen=True, slots=True)
-class Unmeetable:
-    completion: float
-    miss_ms: float  # by how much the estimate overshoots the deadline (> 0)
-    # ms after which a retry with the same budget could make it; None: never with this budget.
-    retry_after_ms: float | None
+class Unmeetable(Value):
+    __slots__ = ("completion", "miss_ms", "retry_after_ms")
+    _FIELDS = ("completion", "miss_ms", "retry_after_ms")
+
+    def __init__(self, completion: float, miss_ms: float, retry_after_ms: float | None) -> None:
+        self.completion = completion
+        self.miss_ms = miss_ms  # by how much the estimate overshoots the deadline (> 0)
+        # ms after which a retry with the same budget could make it; None: never with this budget.
+        self.retry_after_ms = retry_after_ms
 
 
 def check(

@@ -18,6 +18,7 @@ import enum
 from dataclasses import dataclass
 
 from proxy.core.cost import Cost
+from proxy.core.values import Value
 from proxy.core.wire import Reason, rejection
 
 
@@ -31,33 +32,68 @@ class Outcome(enum.Enum):
     CANCELLED = "cancelled"  # client gone / cancelled: no sample
 
 
-@dataclass(frozen=True, slots=True)
-class Ticket:
-    id: int
-    klass: str
-    cost: Cost
-    expected_ms: float
-    deadline: float  # absolute, seconds on the controller's clock; math.inf: none (probes, tests)
-    budget_ms: int | None = None  # the client's whole budget, for Retry-After on an unmeetable deadline
-    tenant: bytes = b""  # for per-tenant quotas (proxy.core.token_bucket.tenant_key)
+class Ticket(Value):
+    """One request at arrival: class, cost, expected service time, absolute deadline."""
+
+    __slots__ = ("budget_ms", "cost", "deadline", "expected_ms", "id", "klass", "tenant")
+    _FIELDS = ("id", "klass", "cost", "expected_ms", "deadline", "budget_ms", "tenant")
+
+    def __init__(
+        self,
+        id: int,
+        klass: str,
+        cost: Cost,
+        expected_ms: float,
+        deadline: float,  # absolute, seconds on the controller's clock; math.inf: none (probes, tests)
+        budget_ms: int | None = None,  # the client's whole budget, for Retry-After on an unmeetable deadline
+        tenant: bytes = b"",  # for per-tenant quotas (proxy.core.token_bucket.tenant_key)
+    ) -> None:
+        self.id = id
+        self.klass = klass
+        self.cost = cost
+        self.expected_ms = expected_ms
+        self.deadline = deadline
+        self.budget_ms = budget_ms
+        self.tenant = tenant
+
+    def with_class(self, klass: str) -> Ticket:
+        """The same ticket in another class (a reload removed its own)."""
+        return Ticket(self.id, klass, self.cost, self.expected_ms, self.deadline, self.budget_ms, self.tenant)
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
-    id: int
-    ticket: Ticket
-    upstream: int
-    units: int  # charged against the upstream's limit at admission (the limit's unit)
-    admitted_at: float
-    queue_ms: float
-    # The service time the deadline rules planned with (AdmissionController.service_ms), computed
-    # once: the request path's timeout hint reads it rather than asking again.
-    service_ms: float = 0.0
+class Lease(Value):
+    """The right to have one request upstream, released exactly once."""
+
+    __slots__ = ("admitted_at", "id", "queue_ms", "service_ms", "ticket", "units", "upstream")
+    _FIELDS = ("id", "ticket", "upstream", "units", "admitted_at", "queue_ms", "service_ms")
+
+    def __init__(
+        self,
+        id: int,
+        ticket: Ticket,
+        upstream: int,
+        units: int,  # charged against the upstream's limit at admission (the limit's unit)
+        admitted_at: float,
+        queue_ms: float,
+        # The service time the deadline rules planned with (AdmissionController.service_ms), computed
+        # once: the request path's timeout hint reads it rather than asking again.
+        service_ms: float = 0.0,
+    ) -> None:
+        self.id = id
+        self.ticket = ticket
+        self.upstream = upstream
+        self.units = units
+        self.admitted_at = admitted_at
+        self.queue_ms = queue_ms
+        self.service_ms = service_ms
 
 
-@dataclass(frozen=True, slots=True)
-class Admit:
-    lease: Lease
+class Admit(Value):
+    __slots__ = ("lease",)
+    _FIELDS = ("lease",)
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
 
     @property
     def ticket(self) -> Ticket:

@@ -21,7 +21,6 @@ entries of a class that no longer exists move to the default class).
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
 import math
@@ -61,7 +60,7 @@ class Waitline:
         for e in old:
             t = e.ticket
             if t.klass not in self.queues:
-                t = dataclasses.replace(t, klass=self.default_class)
+                t = t.with_class(self.default_class)
             self.push(t, now, e.enqueued_at, e.seq, fcfs_due=e.fcfs_due)
 
     # --- membership -------------------------------------------------------

@@ -1,7 +1,7 @@
 """Classify a request at the edge: class, cost, tenant and one absolute deadline.
 
 Theory of operation: everything the rest of the path needs to know about a request
-is decided here, once, from its headers and body: the class from `x-priority`
+is decided here, once, from its header fields (read once, at the edge: proxy/runtime/fields.py) and body: the class from `x-priority`
 (unknown values fall back to the policy default and are counted), the cost from
 the body (or `x-cost-hint`), the budget from `x-request-timeout-ms` / `grpc-timeout`
 (else the class default, capped at the class maximum) turned into an absolute
@@ -21,14 +21,8 @@ from proxy.core.decisions import Ticket
 from proxy.core.token_bucket import tenant_key
 from proxy.http.messages import Request
 from proxy.policy.schema import Policy
+from proxy.runtime.fields import Fields
 from proxy.runtime.scheduler import Scheduler
-
-_PRIORITY = wire.PRIORITY.encode()
-_TIMEOUT = wire.REQUEST_TIMEOUT_MS.encode()
-_GRPC_TIMEOUT = wire.GRPC_TIMEOUT.encode()
-_COST_HINT = wire.COST_HINT.encode()
-_TENANT = wire.TENANT.encode()
-_AUTHORIZATION = b"authorization"
 
 
 class BodyError(wire.HeaderError):
@@ -38,22 +32,10 @@ class BodyError(wire.HeaderError):
         super().__init__("request body", problem)
 
 
-def classify(request: Request, body: bytes, now: float, scheduler: Scheduler, policy: Policy) -> Ticket:
-    """The admission ticket for `request`; raises wire.HeaderError on a malformed header."""
-    priority = cost_hint = timeout = grpc_timeout = x_tenant = authorization = None
-    for name, value in request.headers:  # one pass over the headers
-        if name == _PRIORITY:
-            priority = value
-        elif name == _TIMEOUT:
-            timeout = value
-        elif name == _GRPC_TIMEOUT:
-            grpc_timeout = value
-        elif name == _COST_HINT:
-            cost_hint = value
-        elif name == _TENANT:
-            x_tenant = value
-        elif name == _AUTHORIZATION:
-            authorization = value
+def classify(request: Request, fields: Fields, body: bytes, now: float, scheduler: Scheduler, policy: Policy) -> Ticket:
+    """The admission ticket for `request`, from the header `fields` the edge read in its one pass
+    (proxy/runtime/fields.py); raises wire.HeaderError on a malformed header."""
+    priority, timeout, grpc_timeout, cost_hint = fields.priority, fields.timeout, fields.grpc_timeout, fields.cost_hint
     klass = scheduler.resolve_class(priority)
     limits = policy.classes[klass]
     budget = dl.budget_ms(timeout, grpc_timeout, default_ms=limits.default_timeout_ms, max_ms=limits.max_timeout_ms)
@@ -63,5 +45,5 @@ def classify(request: Request, body: bytes, now: float, scheduler: Scheduler, po
         raise BodyError("JSON nested too deeply (the sidecar parses bodies to estimate their cost)")
     tenant = b""
     if policy.tenants.enabled:
-        tenant = tenant_key(x_tenant, authorization, trust_x_tenant=policy.tenants.trust_x_tenant)
+        tenant = tenant_key(fields.tenant, fields.authorization, trust_x_tenant=policy.tenants.trust_x_tenant)
     return scheduler.ticket(klass, cost, dl.deadline_at(now, budget), budget, tenant)

@@ -20,7 +20,7 @@ Drain (`POST /admin/drain`, proxy/runtime/drain.py): `draining` makes every new
 request a 503 draining with Retry-After, answered here before its body is read;
 `active` counts requests inside the request path, and `idle()` waits until none is.
 
-Cost: per request one header scan, one small record, two response headers and, only
+Cost: per request one header scan (`Fields.read`, whose fields the request path reads too), one small record, two response headers and, only
 when a line will be written, the line (proxy/runtime/accesslog.py). Tracing off costs
 one `is None` test.
 """
@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import random
+from typing import Protocol
 
 import trio
 
@@ -37,6 +38,7 @@ from proxy.core import request_ids, wire
 from proxy.errors import BodyTooLarge, ClientGone, ProtocolError, RequestTimeout, ResponseCut
 from proxy.http.messages import Headers, Request, ResponseSink
 from proxy.runtime import grpc_answers
+from proxy.runtime.fields import Fields
 
 _RID = wire.REQUEST_ID.encode()
 _CLASS = wire.SERVED_CLASS.encode()
@@ -188,12 +190,19 @@ def _class_bytes(klass: str) -> bytes:
     return klass.encode()
 
 
+class Inner(Protocol):
+    """What the edge wraps (proxy/runtime/request_path.py RequestPath): it gets the header fields
+    the edge read in its one pass (proxy/runtime/fields.py), so nothing scans the headers again."""
+
+    async def __call__(self, request: Request, sink: ResponseSink, fields: Fields) -> None: ...
+
+
 class Edge:
     """The data listener's handler: the request path inside the edge (module doc)."""
 
     def __init__(
         self,
-        inner,
+        inner: Inner,
         *,
         access_log=None,
         tracing=None,
@@ -213,7 +222,8 @@ class Edge:
         self._idle: trio.Event | None = None
 
     async def __call__(self, request: Request, sink: ResponseSink) -> None:
-        ex = Exchange(request, self._request_id(request), request.received_at)
+        fields = Fields.read(request.headers)  # the one pass over the headers (proxy/runtime/fields.py)
+        ex = Exchange(request, self._request_id(request, fields), request.received_at)
         if self.tracing is not None:
             ex.span = self.tracing.start(request, ex)
         out = EdgeSink(sink, ex)
@@ -225,7 +235,7 @@ class Edge:
                 return
             self.active += 1
             try:
-                await self.inner(request, out)
+                await self.inner(request, out, fields)
             finally:
                 self.active -= 1
                 if not self.active and self._idle is not None:
@@ -237,17 +247,17 @@ class Edge:
             _CURRENT.reset(token)
             self._finish(ex, error)
 
-    def _request_id(self, request: Request) -> bytes:
-        headers = request.headers
-        for i, (name, value) in enumerate(headers):
-            if name == _RID:
-                kept = request_ids.accept(value)
-                if kept is None:  # malformed: replaced, here and upstream
-                    kept = request_ids.make(self._bits(128))
-                    headers[i] = (_RID, kept)
-                return kept
-        made = request_ids.make(self._bits(128))
-        headers.append((_RID, made))  # sent upstream with the request
+    def _request_id(self, request: Request, fields: Fields) -> bytes:
+        given = fields.request_id
+        if given is not None:
+            kept = request_ids.accept(given)
+            if kept is None:  # malformed: replaced, here and upstream
+                kept = request_ids.make(self._bits(128))
+                request.headers[fields.request_id_at] = (_RID, kept)
+            fields.request_id = kept
+            return kept
+        made = fields.request_id = request_ids.make(self._bits(128))
+        request.headers.append((_RID, made))  # sent upstream with the request
         return made
 
     async def _refuse(self, out: ResponseSink) -> None:

@@ -48,13 +48,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncIterable, Callable
-from dataclasses import dataclass
 
 import msgspec
 import trio
 
 from proxy.core import wire
 from proxy.core.decisions import ExpiredAt, Observed, Outcome, Reject, deadline_expired
+from proxy.core.values import Value
 from proxy.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from proxy.http import forward as fwd
 from proxy.http.messages import Headers, Request, ResponseSink, header_value
@@ -85,14 +85,27 @@ class _WithUsage(msgspec.Struct):
 _decode_usage = msgspec.json.Decoder(_WithUsage).decode
 
 
-@dataclass(frozen=True, slots=True)
-class Forwarded:
-    outcome: Outcome
-    status: int  # what the client was answered
-    service_ms: float | None = None
-    observed: Observed | None = None
-    reason: wire.Reason | None = None  # set when the sidecar answered for the upstream
-    cut: bool = False  # the response had started when the exchange failed: the client's stream must be aborted
+class Forwarded(Value):
+    """How one exchange ended (one per request: a plain value class, proxy/core/values.py)."""
+
+    __slots__ = ("cut", "observed", "outcome", "reason", "service_ms", "status")
+    _FIELDS = ("outcome", "status", "service_ms", "observed", "reason", "cut")
+
+    def __init__(
+        self,
+        outcome: Outcome,
+        status: int,  # what the client was answered
+        service_ms: float | None = None,
+        observed: Observed | None = None,
+        reason: wire.Reason | None = None,  # set when the sidecar answered for the upstream
+        cut: bool = False,  # the response had started when the exchange failed: the client's stream must be aborted
+    ) -> None:
+        self.outcome = outcome
+        self.status = status
+        self.service_ms = service_ms
+        self.observed = observed
+        self.reason = reason
+        self.cut = cut
 
 
 class _Completion:
@@ -124,11 +137,14 @@ async def forward(
     on_complete: Callable[[Forwarded], None] | None = None,
     *,
     scoped: bool = True,
+    restamp: bool = True,
 ) -> Forwarded:
-    """One upstream exchange, relayed to `sink`; `on_complete` when the upstream's part is over (module doc)."""
+    """One upstream exchange, relayed to `sink`; `on_complete` when the upstream's part is over (module
+    doc). `restamp=False`: the caller knows the request carries no budget header (proxy/runtime/fields.py),
+    so there is nothing to rewrite."""
     headers = fwd.request_headers(request, pool.authority(upstream))
     started = trio.current_time()
-    if deadline is not None:
+    if deadline is not None and restamp:
         _restamp_budget(headers, deadline - started)
     cap = started + timeout_s
     complete = _Completion(on_complete)
@@ -145,8 +161,21 @@ async def forward(
             bound = cap if deadline is None else min(deadline, cap)
             bounds = getattr(pool, "bounds_deadlines", None)
             if bounds is not None and bounds(upstream):
+                # An HTTP/2 client's writes are not bounded by the server at the deadline (HTTP/1.1's
+                # are: Request.deadline): _relay checks the clock before a single write, and holds a
+                # scope only around a streamed answer.
+                write_by = deadline if deadline is not None and request.http_version == "2" else None
                 return await _exchange(
-                    pool, upstream, request, headers, body, sink, extra_headers, finished, deadline=bound
+                    pool,
+                    upstream,
+                    request,
+                    headers,
+                    body,
+                    sink,
+                    extra_headers,
+                    finished,
+                    deadline=bound,
+                    write_by=write_by,
                 )
             with trio.fail_at(bound):
                 return await _exchange(pool, upstream, request, headers, body, sink, extra_headers, finished)
@@ -159,6 +188,8 @@ async def forward(
     except (UpstreamTimeout, trio.TooSlowError):
         deadline_passed = not scoped and deadline is not None and deadline <= cap
         if sink.headers_sent or complete.result is not None:
+            if deadline_passed and not sink.headers_sent:  # _relay's clock check: nothing was written
+                return await _answer(sink, complete, Outcome.CANCELLED, deadline_expired(ExpiredAt.UPSTREAM))
             if deadline_passed:
                 raise  # the request path cuts the stream, as when its own scope fired
             return complete(_cut(upstream, request, f"took longer than {timeout_s:g}s", started))
@@ -177,7 +208,7 @@ async def forward(
 
 
 async def _exchange(
-    pool, upstream, request, headers, body, sink, extra_headers, finished, *, deadline=None
+    pool, upstream, request, headers, body, sink, extra_headers, finished, *, deadline=None, write_by=None
 ) -> Forwarded:
     args: tuple = () if deadline is None else (deadline,)
     if request.trailers:  # the client's request trailers go up after the body (rare: gRPC sends none)
@@ -185,7 +216,7 @@ async def _exchange(
     async with pool.request(upstream, request.method, request.target, headers, body, *args) as resp:
         out_headers = fwd.response_headers(resp.headers, resp.http_version)
         out_headers += extra_headers
-        return await _relay(resp, sink, out_headers, finished)
+        return await _relay(resp, sink, out_headers, finished, write_by)
 
 
 def _restamp_budget(headers: Headers, remaining_s: float) -> None:
@@ -221,7 +252,7 @@ async def _answer(sink: ResponseSink, complete: _Completion, outcome: Outcome, r
     return result
 
 
-async def _relay(resp, sink: ResponseSink, headers: Headers, finished) -> Forwarded:
+async def _relay(resp, sink: ResponseSink, headers: Headers, finished, write_by: float | None = None) -> Forwarded:
     """Copy the response to the client as it arrives; `finished(status, usage)` before the last write.
 
     Fast path: a response whose whole body came with its first read (the common
@@ -229,6 +260,11 @@ async def _relay(resp, sink: ResponseSink, headers: Headers, finished) -> Forwar
     seen (no wait: it is parsed already) and the upstream's part declared over.
     Everything else streams: each upstream chunk is sent on as soon as it arrives
     (SSE tokens included).
+
+    `write_by` (an HTTP/2 client without a scope of its own, see `forward`): the deadline is
+    checked on the clock before the one write (passed: TooSlowError, nothing written), and a
+    streamed answer runs in a `trio.fail_at(write_by)` scope; a scope costs ~10-17 us, a
+    clock read well under one.
     """
     first = await resp.receive()
     length = header_value(resp.headers, _CONTENT_LENGTH)
@@ -237,6 +273,8 @@ async def _relay(resp, sink: ResponseSink, headers: Headers, finished) -> Forwar
             pass
         trailers = getattr(resp, "trailers", None)  # h2 only; a trailers-only gRPC answer has none
         result = finished(resp.status, _json_usage(first))
+        if write_by is not None and trio.current_time() >= write_by:
+            raise trio.TooSlowError  # as the request's scope would have cancelled the write
         if trailers is None:
             await sink.respond(resp.status, headers, first)
         else:  # a whole body and then trailers: they can only follow a streamed head
@@ -244,6 +282,14 @@ async def _relay(resp, sink: ResponseSink, headers: Headers, finished) -> Forwar
             await sink.send(first)
             await sink.trailers(trailers)
         return result
+    if write_by is None:
+        return await _stream(resp, sink, headers, finished, first)
+    with trio.fail_at(write_by):
+        return await _stream(resp, sink, headers, finished, first)
+
+
+async def _stream(resp, sink: ResponseSink, headers: Headers, finished, first: bytes) -> Forwarded:
+    """The streamed answer: head, then each upstream chunk as it comes, then the end or trailers."""
     await sink.start(resp.status, headers)
     events = 0
     chunk = first

@@ -20,15 +20,17 @@ passes is answered 504 deadline_expired, and its upstream exchange is cancelled,
 freeing the GPU. How the deadline is applied depends on whether the request can
 wait anywhere that only a cancel scope bounds:
 
-- the common case (ready, an HTTP/1.1 client): no scope. A queued wait ends at
-  the controller's expiry (never later than the deadline); the upstream exchange
-  is bounded by the pool (relay.forward with scoped=False: no scope per request
-  for HTTP/1.1 upstreams); a client that does not read its answer is given up at
-  the deadline by the h1 server (`Request.deadline`). Entering and leaving a scope
-  costs ~17 us a request (proxy/http/deadlines.py), most of a "plain" request's
-  wait-free path.
-- otherwise (warming up, an HTTP/2 client whose writes the h2 server does not
-  bound): one `trio.move_on_at` around readiness, queueing and the upstream call.
+- the common case (ready, HTTP/1.1 or HTTP/2, not a batching route, not a background
+  dedup leader): no scope. A queued wait ends at the controller's expiry (never later
+  than the deadline); the upstream exchange is bounded by the pool (relay.forward with
+  scoped=False: no scope per request for HTTP/1.1 upstreams); a client that does not
+  read its answer is given up at the deadline by the h1 server (`Request.deadline`); an
+  HTTP/2 client's answer is checked against the deadline on the clock before its one
+  write, and only a streamed answer gets a scope (relay._relay `write_by`). Entering and
+  leaving a scope costs ~17 us a request (proxy/http/deadlines.py), most of a "plain"
+  request's wait-free path.
+- otherwise (warming up, a batching route, a background leader): one `trio.move_on_at`
+  around readiness, queueing and the upstream call.
 
 Request bodies are read whole (bounded by listen.max_body_bytes) before anything
 else: admission needs them to estimate cost and dedup to fingerprint them, the
@@ -58,6 +60,7 @@ import trio
 from proxy.core import wire
 from proxy.core.arrival import service_key
 from proxy.core.decisions import ExpiredAt, Outcome, Reject, Ticket, deadline_expired
+from proxy.core.grpc_wire import is_grpc
 from proxy.core.served_paths import ServedPaths
 from proxy.errors import ResponseCut, UpstreamTimeout
 from proxy.http.h2stream import PassingBody
@@ -70,6 +73,7 @@ from proxy.runtime import edge, grpc_answers, passthrough, relay
 from proxy.runtime.batcher import Batcher
 from proxy.runtime.classify import classify
 from proxy.runtime.dedup import Deduplicator, Follower, Leader, LeaderHandle, Replay, answer, events_of
+from proxy.runtime.fields import Fields
 from proxy.runtime.observe import Observatory
 from proxy.runtime.relay import Forwarded
 from proxy.runtime.scheduler import Scheduler, Slot
@@ -148,24 +152,31 @@ class RequestPath:
     def parts(self) -> Collaborators:
         return self._parts
 
-    async def __call__(self, request: Request, sink: ResponseSink) -> None:
+    async def __call__(self, request: Request, sink: ResponseSink, fields: Fields | None = None) -> None:
+        """`fields`: the header fields the edge read (proxy/runtime/fields.py); read here without an edge."""
         p = self._parts
-        sink = grpc_answers.for_request(request, sink)  # a gRPC client gets rejections gRPC-shaped
+        if fields is None:
+            fields = Fields.read(request.headers)
+        if is_grpc(fields.content_type):  # a gRPC client gets rejections gRPC-shaped
+            sink = grpc_answers.for_request(request, sink)
         if not self._served.allows(request.path):
             await sink.respond(404, _JSON, _NOT_SERVED)  # listen.served_paths: not the model's to answer
             return
         upload = passthrough.streamed(request, p.batcher.batches)  # gRPC streams: the body goes up as it comes
         body = b"" if upload is not None else await request.body.read_all()
         try:
-            ticket = classify(request, body, trio.current_time(), p.scheduler, p.policy)
+            ticket = classify(request, fields, body, trio.current_time(), p.scheduler, p.policy)
             request.klass = ticket.klass  # the class label of rampmeter_requests_total
             edge.note_ticket(ticket)  # access log, span
-            identity = p.dedup.identify(request.method, request.target, request.headers, body)
+            key = fields.idempotency_key
+            identity = None if key is None else p.dedup.identify(request.method, request.target, request.headers, body)
         except wire.HeaderError as exc:
             await self.reject(sink, Reject(wire.Reason.BAD_REQUEST, None, str(exc)))
             return
         if identity is None:
-            await self.execute(request, body if upload is None else upload, ticket, sink, parts=p)
+            await self.execute(
+                request, body if upload is None else upload, ticket, sink, parts=p, restamp=fields.has_budget
+            )
         else:
             await self._idempotent(request, body, ticket, identity, sink, p)
 
@@ -215,18 +226,23 @@ class RequestPath:
         *,
         outlive: bool = False,
         parts: Collaborators | None = None,
+        restamp: bool = True,
     ) -> None:
         """Readiness, admission and the upstream exchange, all under the ticket's deadline (`outlive`:
-        a background leader, which a server that keeps computing may finish past it)."""
+        a background leader, which a server that keeps computing may finish past it; `restamp`: the client
+        sent a budget header, which the relay rewrites with what remains)."""
         p = self._parts if parts is None else parts
         readiness, scheduler = p.readiness, p.scheduler
-        if readiness.ready and request.http_version != "2" and not outlive and not p.batcher.batches(request):
-            # HTTP/1.1 fast path, no cancel scope: the pool bounds the exchange by the deadline.
+        if readiness.ready and not outlive and not p.batcher.batches(request):
+            # The fast path, no cancel scope: a queued wait ends at the controller's expiry, the pool
+            # bounds the exchange by the deadline, the HTTP/1.1 server the client's writes
+            # (Request.deadline), and for an HTTP/2 client the relay (a clock check before a single
+            # write; a scope only around a streamed answer: relay._relay).
             request.deadline = ticket.deadline
             async with scheduler.admit(ticket) as slot:
                 refusal = slot.rejection
                 if refusal is None:
-                    refusal = await self._forward(request, body, ticket, slot, sink, p, scoped=False)
+                    refusal = await self._forward(request, body, ticket, slot, sink, p, scoped=False, restamp=restamp)
             if refusal is not None:
                 await self.reject(sink, refusal, ticket.klass)
             return
@@ -268,6 +284,7 @@ class RequestPath:
         sink: ResponseSink,
         p: Collaborators,
         scoped: bool = True,
+        restamp: bool = True,
     ) -> Reject | None:
         """Forward and relay, with the queue wait and the timeout hint as headers. Whether the
         deadline still covers the service time was admission's to judge (proxy/core/admission.py)."""
@@ -301,7 +318,17 @@ class RequestPath:
                 )
             else:  # execute's fast path: not a batching route (Batcher.batches), one coroutine layer fewer
                 result = await relay.forward(
-                    p.pool, upstream, timeout_s, request, body, sink, extra, ticket.deadline, release, scoped=False
+                    p.pool,
+                    upstream,
+                    timeout_s,
+                    request,
+                    body,
+                    sink,
+                    extra,
+                    ticket.deadline,
+                    release,
+                    scoped=False,
+                    restamp=restamp,
                 )
         except (UpstreamTimeout, trio.TooSlowError) as exc:  # unscoped only: the deadline passed mid-stream
             if not slot.released:
