@@ -96,8 +96,8 @@ class ServerContext:
     def _bind_done(self, protocol: str, code: int, klass: str) -> Callable[[float], None]:
         if self.metrics is None:
             return lambda _duration_s: None
-        count = self.metrics.requests.labels(protocol=protocol, code=str(code), **{"class": klass}).inc
-        observe = self.metrics.request_duration_seconds.labels(protocol=protocol, **{"class": klass}).observe
+        count = self.metrics.requests.labels(protocol, klass, str(code)).inc  # a Tally: positional, SPECS order
+        observe = self.metrics.request_duration_seconds.labels(protocol, klass).observe
 
         def record(duration_s: float) -> None:
             count()
