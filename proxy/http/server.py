@@ -74,7 +74,6 @@ _ACCEPT_RETRY_S = 0.1
 # (an h2 GOAWAY flushed, a head that was half sent completed and answered) before the cut.
 DRAIN_GRACE_S = 0.5
 _DRAIN_POLL_S = 0.05  # how often the drain looks at the in-flight count (a counter, not an event)
-ACCEPT_BATCH = 64  # connections taken from the backlog per wake-up of the accept loop (batched accept)
 FD_BASE_RESERVE = 64  # listeners, log files, the dedup store, probes and GPU sampling: the process's own
 
 
@@ -303,27 +302,15 @@ class Server:
                     )
                     await trio.sleep(_ACCEPT_RETRY_S)
                     continue
-                self._admit(stream, peer, nursery)
-                # Then whatever else is in the backlog, without a scheduler pass per connection
-                # (trio's accept yields after each): under a connect flood (stalled bodies
-                # evicted and replaced, ~1,500 connections a second) one wake-up takes them
-                # all. Bounded, so the accepted connections get to run.
-                for _ in range(ACCEPT_BATCH - 1):
-                    ready = _accept_now(listener)
-                    if ready is None:
-                        break
-                    self._admit(*ready, nursery)
+                if self._open - self._evicting >= self.max_connections and not self._make_room():
+                    self._ctx.connection_rejected(peer)
+                    stream.socket.close()
+                    continue
+                self._open += 1
+                self._accepted += 1
+                nursery.start_soon(self._connection, stream, peer)
         finally:
             listener.socket.close()  # from here on, connects are refused
-
-    def _admit(self, stream: trio.SocketStream, peer: str, nursery: trio.Nursery) -> None:
-        if self._open - self._evicting >= self.max_connections and not self._make_room():
-            self._ctx.connection_rejected(peer)
-            stream.socket.close()
-            return
-        self._open += 1
-        self._accepted += 1
-        nursery.start_soon(self._connection, stream, peer)
 
     def _make_room(self) -> bool:
         """Close the patrol's victim (module doc) for a newcomer; False if every connection is busy."""
@@ -406,26 +393,6 @@ async def _accept(listener: trio.SocketListener) -> tuple[trio.SocketStream, str
         else:
             peer = address[0] if isinstance(address, tuple) and address else ""
             return trio.SocketStream(sock), peer
-
-
-def _accept_now(listener: trio.SocketListener) -> tuple[trio.SocketStream, str] | None:
-    """A connection already in the backlog, without waiting or yielding; None if there is none.
-
-    Errors as `_accept`'s: routine ones skip that connection, resource ones and a closed
-    listener end the batch (the accept loop's next `_accept` meets them again and handles them).
-    """
-    raw = listener.socket._sock  # type: ignore[attr-defined]  # the stdlib socket under trio's (non-blocking)
-    while True:
-        try:
-            sock, address = raw.accept()
-        except BlockingIOError:
-            return None
-        except OSError as exc:
-            if exc.errno in _IGNORABLE_ACCEPT_ERRNOS:
-                continue
-            return None
-        peer = address[0] if isinstance(address, tuple) and address else ""
-        return trio.SocketStream(trio.socket.from_stdlib_socket(sock)), peer
 
 
 # As trio._highlevel_socket's: a closed listener, and a connection that died in the backlog.
