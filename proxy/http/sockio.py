@@ -16,9 +16,9 @@ manager and a spare system call per read that has to wait. Here:
   readability only on EAGAIN. trio's wait costs an epoll_ctl to arm the
   descriptor (EPOLLONESHOT), the epoll event and the reschedule; under load the
   peer's bytes have arrived by the time the other tasks have run, so most reads
-  skip all of that (measured on the wire configuration: 218 -> 170 us/request
-  CPU, bench note in issue 15's branch h1wire). An idle server pays one failed
-  read per wait.
+  skip all of that (the wire configuration of bench/overhead, A/B in one run on
+  a busy machine: 218 -> 170 us/request CPU at best, 289 -> 221 median). An idle
+  server pays one failed read per wait.
 
 Both still honour cancellation on entry (`checkpoint_if_cancelled`), every wait
 is a trio checkpoint (so deadlines and cancellation work as before), and a
