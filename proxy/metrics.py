@@ -9,7 +9,8 @@ null default for code under test. Labels are low-cardinality by construction:
 protocol, class, reason, status code, upstream; never paths, tenants or keys.
 Hot-path children are bound once, not per request. The counters and histograms the
 request path feeds per request (`folded=True` in SPECS: admitted, queue wait, goodput,
-rejections, cost estimate error) are plain Python numbers (`Tally`), folded into
+rejections, cost estimate error; and the wire's requests, request and upstream durations,
+upstream outcomes) are plain Python numbers (`Tally`), folded into
 Prometheus families by one custom collector at scrape time: a prometheus_client child
 takes a lock and a method chain per increment, several microseconds a request.
 
@@ -90,6 +91,7 @@ SPECS: list[Spec] = [
         Counter,
         "Requests answered, by downstream protocol, class (empty before classification: 400s) and status code.",
         ("protocol", "class", "code"),
+        folded=True,
     ),
     Spec(
         "request_duration_seconds",
@@ -97,6 +99,7 @@ SPECS: list[Spec] = [
         "Time from request head to last response byte, by protocol and class; the source for request latency across pods.",
         ("protocol", "class"),
         LATENCY_BUCKETS,
+        folded=True,
     ),
     Spec("requests_in_flight", Gauge, "Requests being handled (queued or upstream)."),
     Spec("connections_open", Gauge, "Open client connections, by protocol.", ("protocol",)),
@@ -119,6 +122,7 @@ SPECS: list[Spec] = [
         Counter,
         "Requests sent upstream, by upstream (address) and outcome.",
         ("upstream", "outcome"),
+        folded=True,
     ),
     Spec(
         "upstream_duration_seconds",
@@ -126,6 +130,7 @@ SPECS: list[Spec] = [
         "Upstream exchange time, first request byte to last response byte; the source for upstream latency across pods.",
         ("upstream",),
         LATENCY_BUCKETS,
+        folded=True,
     ),
     Spec("upstream_outstanding", Gauge, "Requests outstanding per upstream.", ("upstream",)),
     Spec("upstream_connections", Gauge, "Open pooled connections per upstream.", ("upstream",)),
@@ -443,6 +448,10 @@ class Tally:
                 raise ValueError(f"{self.spec.name} takes labels {self.spec.labels}, got {values}")
             child = self._children[values] = _Count() if self._bounds is None else _Buckets(self._bounds)
         return child
+
+    def collect(self) -> list[Metric]:
+        """As a prometheus_client metric's (tests and tools read one family through it)."""
+        return [self.family()]
 
     def family(self) -> Metric:
         spec, name = self.spec, PREFIX + self.spec.name

@@ -28,6 +28,13 @@ one wait's start and the next bytes. Past either, the read raises RequestTimeout
 (answered 408). A body that came with its head costs neither a clock read nor a
 scope.
 
+Answers the server writes itself (the 400/408/413/431/500 here and in the
+connections: parse errors, timeouts, limits, a failed handler) carry an
+`x-request-id` as every other answer of the proxy does (`request_id()`:
+the request's own when the head was parsed and it has an acceptable one, else one
+made as the edge makes them, proxy/core/request_ids.py), and the log line about
+the event names it, so a client's report of such an answer can be found in the log.
+
 Invariants: the body buffer never holds more than the connection allowed (h1 reader
 backpressure, h2 flow-control window); a handler exception never escapes a
 connection; `trio.Cancelled` from outside (server shutdown) always propagates.
@@ -38,13 +45,14 @@ from __future__ import annotations
 import contextvars
 import logging
 import math
+import random
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 import trio
 
-from proxy.core import wire
+from proxy.core import request_ids, wire
 from proxy.errors import BodyTooLarge, ClientGone, ProtocolError, RequestTimeout, ResponseCut
 from proxy.http.messages import Handler, Headers, Request, ResponseSink
 from proxy.http.patrol import Patrol
@@ -55,6 +63,31 @@ from proxy.policy.schema import Listen
 log = logging.getLogger("rampmeter.server")
 _TIMEOUT = wire.REQUEST_TIMEOUT_MS.encode()
 _GRPC_TIMEOUT = wire.GRPC_TIMEOUT.encode()
+_RID = wire.REQUEST_ID.encode()
+_bits = random.Random().getrandbits  # made request ids (128 random bits, as the edge draws them)
+_answers_log = RateLimitedLog(log)  # the connections' own answers: a client controls their rate
+
+
+def request_id(request: Request | None = None) -> bytes:
+    """The id for an answer the server writes itself: `request`'s x-request-id if acceptable, else a new one.
+
+    A made one is written into `request`'s headers (as the edge does), so a second call for the
+    same request (its log line, then its answer) gives the same id.
+    """
+    if request is None:
+        return request_ids.make(_bits(128))
+    headers = request.headers
+    for i, (name, value) in enumerate(headers):
+        if name == _RID:
+            kept = request_ids.accept(value)
+            if kept is None:  # malformed: replaced, as the edge replaces it
+                kept = request_ids.make(_bits(128))
+                headers[i] = (_RID, kept)
+            return kept
+    made = request_ids.make(_bits(128))
+    headers.append((_RID, made))
+    return made
+
 
 TEXT_PLAIN = [(b"content-type", b"text/plain; charset=utf-8")]
 # The peer of the connection the running task serves: set once per connection by the server
@@ -96,8 +129,8 @@ class ServerContext:
     def _bind_done(self, protocol: str, code: int, klass: str) -> Callable[[float], None]:
         if self.metrics is None:
             return lambda _duration_s: None
-        count = self.metrics.requests.labels(protocol=protocol, code=str(code), **{"class": klass}).inc
-        observe = self.metrics.request_duration_seconds.labels(protocol=protocol, **{"class": klass}).observe
+        count = self.metrics.requests.labels(protocol, klass, str(code)).inc  # a Tally: positional, SPECS order
+        observe = self.metrics.request_duration_seconds.labels(protocol, klass).observe
 
         def record(duration_s: float) -> None:
             count()
@@ -105,10 +138,23 @@ class ServerContext:
 
         return record
 
-    def protocol_error(self, kind: str, detail: str, peer: str = "") -> None:
-        """One count and one (rate-limited) line per malformed request or HTTP/2 protocol error."""
+    def protocol_error(self, kind: str, detail: str, peer: str = "", request_id: bytes = b"") -> None:
+        """One count and one (rate-limited) line per malformed request or HTTP/2 protocol error.
+
+        `request_id`: the x-request-id of the answer that says so (the server's own answers carry one).
+        """
         self.protocol_errors += 1
-        self.events.event(kind, "protocol error %s from %s: %s", kind, peer or CLIENT.get(), detail)
+        if request_id:
+            self.events.event(
+                kind,
+                "protocol error %s from %s: %s (request_id=%s)",
+                kind,
+                peer or CLIENT.get(),
+                detail,
+                request_id.decode("ascii"),
+            )
+        else:
+            self.events.event(kind, "protocol error %s from %s: %s", kind, peer or CLIENT.get(), detail)
         count = self._errors.get(kind)
         if count is None:
             count = self._errors[kind] = (
@@ -316,7 +362,8 @@ async def run_exchange(
         except BodyTooLarge as exc:
             problem = 413, f"request body larger than {exc.limit} bytes"
         except RequestTimeout as exc:
-            ctx.protocol_error("body_timeout", str(exc), request.client)
+            rid = request_id(request)
+            ctx.protocol_error("body_timeout", str(exc), request.client, rid)
             problem = 408, str(exc)
         except ClientGone:
             ctx.client_gone(request)
@@ -356,21 +403,32 @@ async def run_exchange(
 def answer(status: int, message: str) -> Handler:
     """A stand-in handler for a request the server answers itself (413, 431).
 
-    It says `connection: close` (h1 closes after it; h2 drops the header as hop-by-hop).
+    It says `connection: close` (h1 closes after it; h2 drops the header as hop-by-hop), and
+    carries an x-request-id (`request_id()`), which its (rate-limited) log line names.
     """
     body = f"{status} {message}\n".encode()
 
     async def handler(request: Request, sink: ResponseSink) -> None:
-        await sink.respond(status, [*TEXT_PLAIN, (b"connection", b"close")], body)
+        rid = request_id(request)
+        _answers_log.event(
+            f"answer_{status}",
+            "answered %d to %s (request_id=%s): %s",
+            status,
+            request.client or CLIENT.get(),
+            rid.decode("ascii"),
+            message,
+        )
+        await sink.respond(status, [*TEXT_PLAIN, (b"connection", b"close"), (_RID, rid)], body)
 
     return handler
 
 
 async def _answer_problem(ctx: ServerContext, request: Request, sink: Sink, status: int, message: str) -> None:
+    rid = request_id(request)  # the 408's line (run_exchange) named the same one
     if sink.headers_sent:
         sink.abort()  # too late for a status: the client must see a broken response
         return
     try:
-        await sink.respond(status, list(TEXT_PLAIN), f"{status} {message}\n".encode())
+        await sink.respond(status, [*TEXT_PLAIN, (_RID, rid)], f"{status} {message}\n".encode())
     except ClientGone:
         ctx.client_gone(request)

@@ -52,7 +52,7 @@ import trio
 
 from proxy.errors import ClientGone, ProtocolError
 from proxy.http import sockio
-from proxy.http.exchange import ServerContext, answer, request_deadline, run_exchange
+from proxy.http.exchange import ServerContext, answer, request_deadline, request_id, run_exchange
 from proxy.http.h1parse import END, FramingError, RequestHead, RequestParser
 from proxy.http.h1sink import HIGH_WATER, H1Body, H1Sink, error_response
 from proxy.http.h1write import CONTINUE
@@ -461,9 +461,10 @@ class H1ServerConnection:
     # --- endings ---
     async def _refuse(self, exc: FramingError) -> None:
         """A head the parser refused (400, 431, 501, 505): answered here, then the connection closes."""
-        self.ctx.protocol_error(exc.kind, exc.message, self._client)
+        rid = request_id()  # no request was parsed: a made one
+        self.ctx.protocol_error(exc.kind, exc.message, self._client, rid)
         self._phase = Phase.CLOSING
-        await self._answer_problem(error_response(exc.status, exc.message))
+        await self._answer_problem(error_response(exc.status, exc.message, rid))
 
     async def _after_expiry(self) -> None:
         """The patrol ended the connection: a head or body cut short gets 408; idle ones close quietly."""
@@ -476,10 +477,12 @@ class H1ServerConnection:
         if not cut:
             return
         kind = "header_timeout" if reason == "head" else "evicted"
-        self.ctx.protocol_error(kind, "request not received in time", self._client)
+        # The request's own id when its head was parsed (a body cut short), else a made one.
+        rid = request_id(self._request if self._phase is Phase.IN_REQUEST else None)
+        self.ctx.protocol_error(kind, "request not received in time", self._client, rid)
         self._phase = Phase.CLOSING
         self.broken = True
-        await self._answer_problem(error_response(408, "request not received in time"))
+        await self._answer_problem(error_response(408, "request not received in time", rid))
 
     def _body_complete(self) -> bool:
         return self._body is not None and self._body.complete

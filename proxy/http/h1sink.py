@@ -199,10 +199,15 @@ def _accepts_trailers(owner: H1ServerConnection) -> bool:
     return te is not None and b"trailers" in [t.split(b";")[0].strip().lower() for t in te.split(b",")]
 
 
-def error_response(status: int, message: str) -> bytes:
-    """A complete close-delimited answer for a request that could not be parsed."""
+def error_response(status: int, message: str, request_id: bytes) -> bytes:
+    """A complete answer, then close, for a request that could not be parsed or was cut short.
+
+    `request_id` (exchange.request_id(): a made one, or the request's own) is the answer's
+    x-request-id, as on every other answer of the proxy; it is already safe to write.
+    """
     body = f"{status} {message}\n".encode()
     return (
         b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
-        b"connection: close\r\n\r\n%s" % (status, reason_phrase(status), len(body), body)
+        b"x-request-id: %s\r\nconnection: close\r\n\r\n%s"
+        % (status, reason_phrase(status), len(body), request_id, body)
     )

@@ -129,8 +129,8 @@ class _Upstream:
             self.duration: Any = _Null()
             self.connections: Any = _Null()
         else:
-            self.outcomes = {o: metrics.upstream_requests.labels(upstream=name, outcome=o) for o in OUTCOMES}
-            self.duration = metrics.upstream_duration_seconds.labels(upstream=name)
+            self.outcomes = {o: metrics.upstream_requests.labels(name, o) for o in OUTCOMES}
+            self.duration = metrics.upstream_duration_seconds.labels(name)
             self.connections = metrics.upstream_connections.labels(upstream=name)
 
     def _target(self, target: bytes) -> bytes:
