@@ -241,6 +241,12 @@ class BufferedBody:
             self._error = error
         self._wake()
 
+    def discard(self) -> None:
+        """The connection is over: drop unread bytes and the error (whose traceback holds the frame
+        of `chunks`, which holds this body: a reference cycle)."""
+        self._parts.clear()
+        self._error = None
+
     def _wake(self) -> None:
         if self._lot is not None:
             self._lot.unpark_all()

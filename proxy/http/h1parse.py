@@ -229,6 +229,10 @@ class RequestParser:
         self._head_reads = 0  # lengths of the reads the current head came in (an upper bound of its size)
         self._reset()
 
+    def close(self) -> None:
+        """Drop the llhttp parser: it holds this object's bound callbacks, a cycle per connection."""
+        del self._p
+
     def _reset(self) -> None:
         self._url = b""
         self._headers: Headers = []
