@@ -60,8 +60,7 @@ def service_estimate_ms(observed_p99_ms: float | None, model_expected_ms: float)
 
 
 class Meetable(Value):
-    __slots__ = ("completion", "slack_ms")
-    _FIELDS = ("completion", "slack_ms")
+    __slots__ = _FIELDS = ("completion", "slack_ms")
 
     def __init__(self, completion: float, slack_ms: float) -> None:
         self.completion = completion  # estimated completion time, seconds
@@ -69,8 +68,7 @@ class Meetable(Value):
 
 
 class Unmeetable(Value):
-    __slots__ = ("completion", "miss_ms", "retry_after_ms")
-    _FIELDS = ("completion", "miss_ms", "retry_after_ms")
+    __slots__ = _FIELDS = ("completion", "miss_ms", "retry_after_ms")
 
     def __init__(self, completion: float, miss_ms: float, retry_after_ms: float | None) -> None:
         self.completion = completion

@@ -35,8 +35,7 @@ class Outcome(enum.Enum):
 class Ticket(Value):
     """One request at arrival: class, cost, expected service time, absolute deadline."""
 
-    __slots__ = ("budget_ms", "cost", "deadline", "expected_ms", "id", "klass", "tenant")
-    _FIELDS = ("id", "klass", "cost", "expected_ms", "deadline", "budget_ms", "tenant")
+    __slots__ = _FIELDS = ("id", "klass", "cost", "expected_ms", "deadline", "budget_ms", "tenant")
 
     def __init__(
         self,
@@ -64,8 +63,7 @@ class Ticket(Value):
 class Lease(Value):
     """The right to have one request upstream, released exactly once."""
 
-    __slots__ = ("admitted_at", "id", "queue_ms", "service_ms", "ticket", "units", "upstream")
-    _FIELDS = ("id", "ticket", "upstream", "units", "admitted_at", "queue_ms", "service_ms")
+    __slots__ = _FIELDS = ("id", "ticket", "upstream", "units", "admitted_at", "queue_ms", "service_ms")
 
     def __init__(
         self,
@@ -89,8 +87,7 @@ class Lease(Value):
 
 
 class Admit(Value):
-    __slots__ = ("lease",)
-    _FIELDS = ("lease",)
+    __slots__ = _FIELDS = ("lease",)
 
     def __init__(self, lease: Lease) -> None:
         self.lease = lease

@@ -16,7 +16,8 @@ class Value:
     """A plain `__slots__` value class, equal by its fields (`_FIELDS`): one of these is built per
     request on the hot path, where a frozen dataclass's `__init__` (an `object.__setattr__` per
     field) cost ~8 us a Ticket against ~2.5 (issue 16). Treated as immutable by convention: nothing
-    assigns to a field after construction (a changed value is a new one, e.g. `Ticket.with_class`)."""
+    assigns to a field after construction (a changed value is a new one, e.g. `Ticket.with_class`).
+    A subclass names its fields once, in the order eq, hash and repr use: `__slots__ = _FIELDS = (...)`."""
 
     __slots__ = ()
     _FIELDS: tuple[str, ...] = ()

@@ -88,8 +88,7 @@ _decode_usage = msgspec.json.Decoder(_WithUsage).decode
 class Forwarded(Value):
     """How one exchange ended (one per request: a plain value class, proxy/core/values.py)."""
 
-    __slots__ = ("cut", "observed", "outcome", "reason", "service_ms", "status")
-    _FIELDS = ("outcome", "status", "service_ms", "observed", "reason", "cut")
+    __slots__ = _FIELDS = ("outcome", "status", "service_ms", "observed", "reason", "cut")
 
     def __init__(
         self,
