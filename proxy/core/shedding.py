@@ -163,7 +163,6 @@ class Shedder:
     ) -> Reject | None:
         """None to go on, or why this class-`rank` arrival is shed. `in_time`: its deadline
         holds with the queue ahead of it (CoDel spares it); `remaining_ms`: to its deadline."""
-        at = now, remaining_ms  # where a rejection's pushback is scheduled (_reject)
         codels = self.codels
         if codels is not None:
             self._retune(snap, now)
@@ -172,16 +171,18 @@ class Shedder:
                 codel.observe(wait_ms, now)
         ahead = sum(snap.queued_by_class[: rank + 1])
         if self._queue_cap is not None and ahead >= self._queue_cap[rank]:
-            return self._reject(Reason.QUEUE_FULL, "the queue for this priority is full", ahead, snap, *at)
+            return self._reject(
+                Reason.QUEUE_FULL, "the queue for this priority is full", ahead, snap, now, remaining_ms
+            )
         if self._gpu_cap is not None and snap.gpu_memory_fraction >= self._gpu_cap[rank]:
-            return self._reject(Reason.GPU_PRESSURE, "GPU memory is under pressure", ahead, snap, *at)
+            return self._reject(Reason.GPU_PRESSURE, "GPU memory is under pressure", ahead, snap, now, remaining_ms)
         if self._growth_cap is not None and self._saturated(snap, self._growth_cap[rank]):
-            return self._reject(Reason.OVERLOADED, "the model server is saturated", ahead, snap, *at)
+            return self._reject(Reason.OVERLOADED, "the model server is saturated", ahead, snap, now, remaining_ms)
         if codels is not None and (any(codels[k].dropping for k in range(rank)) or codels[rank].dropping):
             if in_time:
                 self.spared += 1
             elif any(codels[k].dropping for k in range(rank)) or codels[rank].take_drop(now):
-                return self._reject(Reason.OVERLOADED, "requests are queueing too long", ahead, snap, *at)
+                return self._reject(Reason.OVERLOADED, "requests are queueing too long", ahead, snap, now, remaining_ms)
         return None
 
     def passes_quiet(self, rank: int, now: float, gpu_memory_fraction: float, p50_ms: float, p99_ms: float) -> bool:
