@@ -362,15 +362,14 @@ class _H2Upstream(_Upstream):
         return resp
 
     async def _exchange(self, block: Headers, body: Any, trailers: Headers | None = None) -> H2Response:
-        for _ in range(MAX_UNPROCESSED_RETRIES):
+        for retry in range(MAX_UNPROCESSED_RETRIES + 1):
             conn = await self._connection()  # connect failures are not retried here
             try:
                 return await conn.send(block, body, trailers)
             except UpstreamError as exc:
-                if exc.request_sent or not isinstance(body, _BYTES_LIKE):
+                if exc.request_sent or not isinstance(body, _BYTES_LIKE) or retry == MAX_UNPROCESSED_RETRIES:
                     raise
-        # The last retry: its failure is the request's.
-        return await (await self._connection()).send(block, body, trailers)
+        raise AssertionError("unreachable: the last try returns or raises")
 
     async def _connection(self) -> H2UpstreamConnection:
         while True:

@@ -67,15 +67,14 @@ class _H2Session:
     async def send(self, shape: int, key: bytes | None) -> Any:
         p = self._t.prepared[shape]
         block = p.h2_block if key is None else [*p.h2_block, (IDEMPOTENCY_KEY, key)]
-        for _ in range(MAX_UNPROCESSED_RETRIES):
+        for retry in range(MAX_UNPROCESSED_RETRIES + 1):
             conn = self._t.pick() or await self._t.acquire()
             try:
                 return await conn.send(block, p.body)
             except UpstreamError as exc:
-                if exc.request_sent:
+                if exc.request_sent or retry == MAX_UNPROCESSED_RETRIES:
                     raise
-        conn = self._t.pick() or await self._t.acquire()  # the last try: its failure is the row's
-        return await conn.send(block, p.body)
+        raise AssertionError("unreachable: the last try returns or raises")
 
     def close(self) -> None:
         pass
