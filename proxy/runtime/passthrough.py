@@ -33,18 +33,17 @@ from collections.abc import Callable
 from proxy.core import grpc_wire
 from proxy.http.h2stream import H2Body, PassingBody
 from proxy.http.messages import Request
-
-_CONTENT_TYPE = b"content-type"
-_IDEMPOTENCY_KEY = b"idempotency-key"
+from proxy.runtime.fields import Fields
 
 
-def streamed(request: Request, batches: Callable[[Request], bool]) -> PassingBody | None:
-    """The body to pass upstream as it arrives, or None: read it whole (module doc). `batches`:
-    whether the request's route batches (Batcher.batches), asked only of a gRPC stream."""
+def streamed(request: Request, fields: Fields, batches: Callable[[Request], bool]) -> PassingBody | None:
+    """The body to pass upstream as it arrives, or None: read it whole (module doc). `fields`: the
+    request's header fields (the edge's one pass); `batches`: whether the request's route batches
+    (Batcher.batches), asked only of a gRPC stream."""
     body = request.body
     if not isinstance(body, H2Body) or body.complete or body.started:
         return None  # HTTP/1.1, or the body is all here: the usual case costs two checks
-    if not grpc_wire.is_grpc(request.header(_CONTENT_TYPE)) or request.header(_IDEMPOTENCY_KEY) is not None:
+    if not grpc_wire.is_grpc(fields.content_type) or fields.idempotency_key is not None:
         return None
     return None if batches(request) else body.passing()
 

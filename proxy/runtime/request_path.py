@@ -162,7 +162,7 @@ class RequestPath:
         if not self._served.allows(request.path):
             await sink.respond(404, _JSON, _NOT_SERVED)  # listen.served_paths: not the model's to answer
             return
-        upload = passthrough.streamed(request, p.batcher.batches)  # gRPC streams: the body goes up as it comes
+        upload = passthrough.streamed(request, fields, p.batcher.batches)  # gRPC streams: the body goes up as it comes
         body = b"" if upload is not None else await request.body.read_all()
         try:
             ticket = classify(request, fields, body, trio.current_time(), p.scheduler, p.policy)

@@ -20,6 +20,7 @@ from h2.errors import ErrorCodes
 from proxy.errors import BodyTooLarge
 from proxy.http.h2stream import PassingBody
 from proxy.runtime import passthrough
+from proxy.runtime.fields import Fields
 from tests.runtime.test_h2_limits import LIMITS, connection
 
 CHUNK = 16_384
@@ -177,7 +178,7 @@ async def test_which_requests_pass_their_body_on(autojump_clock, headers, body_w
     seen: list[bool] = []
 
     async def handler(request, sink) -> None:
-        seen.append(passthrough.streamed(request, lambda _request: batches) is not None)
+        seen.append(passthrough.streamed(request, Fields.read(request.headers), lambda _request: batches) is not None)
         await sink.respond(200, [])
 
     async with connection(handler) as (peer, _, _, _):
