@@ -71,6 +71,9 @@ RECV_BYTES = 65_536
 SMALL_BODY_BYTES = 65_536
 _BODY_METHODS = frozenset({b"POST", b"PUT", b"PATCH"})
 _BYTES_LIKE = (bytes, bytearray, memoryview)
+# Bound once: each is looked up per request otherwise (module attribute, then trio's re-exports).
+_checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
+_write = os.write
 
 Body = bytes | AsyncIterable[bytes]
 
@@ -182,7 +185,7 @@ class H1UpstreamConnection:
         A body over SMALL_BODY_BYTES, or streamed, is still being sent when this
         returns if the connection has a nursery (full duplex, module doc).
         """
-        await trio.lowlevel.checkpoint_if_cancelled()  # the writes below do not checkpoint
+        await _checkpoint_if_cancelled()  # the writes below do not checkpoint
         if self._busy or self.closed:
             raise RuntimeError(f"{self!r} is not idle")
         self._busy = True
@@ -262,7 +265,8 @@ class H1UpstreamConnection:
                 # request whole, and this skips trio's post-send yield (a scheduler
                 # pass per request). The rest, if any, waits for room; no yield
                 # follows the last write (see the reuse invariant).
-                sent = os.write(self._sock.fileno(), data)
+                # The stdlib socket's descriptor, not trio's fileno() wrapper (a Python call; sockio).
+                sent = _write(self._sock._sock.fileno(), data)  # type: ignore[attr-defined]
             except BlockingIOError:
                 pass
             if sent < len(data):
