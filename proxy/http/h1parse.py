@@ -353,7 +353,9 @@ class RequestParser:
             length = None
         else:
             length = int(self._cl) if self._cl is not None else 0  # llhttp checked the digits
-        keep_alive = _keeps_alive(self._connection, version)
+        # No `connection` field (most requests): the version decides, without the call.
+        connection = self._connection
+        keep_alive = version == "1.1" if connection is None else _keeps_alive(connection, version)
         expect = version == "1.1" and self._expect is not None and self._expect.strip().lower() == b"100-continue"
         target = self._url
         asterisk = False
@@ -520,7 +522,8 @@ class ResponseParser:
             framing, length = "chunked", None
         else:
             framing = "length" if length is not None else "close"
-        keep_alive = _keeps_alive(self._connection, version)
+        connection = self._connection
+        keep_alive = version == "1.1" if connection is None else _keeps_alive(connection, version)
         self.head = ResponseHead(status, version, self._headers, framing, length, keep_alive and framing != "close")
         if self._head_request:
             # llhttp cannot be told a response has no body (its framing fields describe the GET it

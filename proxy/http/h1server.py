@@ -248,7 +248,8 @@ class H1ServerConnection:
         """Run one request in this task; True if the connection carries on."""
         now = self._now()
         ctx = self.ctx
-        self._phase = _next_phase(self._phase, "head")
+        # The table's lookup inline (two a request): a KeyError here is _next_phase's AssertionError.
+        self._phase = _PHASES[(self._phase, "head")]
         self.requests += 1
         ctx.patrol.running(self, self.requests, now)
         limits = ctx.limits
@@ -293,7 +294,7 @@ class H1ServerConnection:
         ):
             return False  # must close, or the request body was not read to the end
         self._request = self._body = self._head = None
-        self._phase = _next_phase(self._phase, "answered")
+        self._phase = _PHASES[(self._phase, "answered")]
         ctx.patrol.idle_since(self, ended)
         return True
 

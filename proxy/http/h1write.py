@@ -19,7 +19,11 @@ built the head: the exchange answers 500 and logs it).
 
 Why by hand rather than h11's event objects: building h11 events and letting
 h11 serialise them cost ~3 us per header even with the private fast paths that
-`h11events` used to take; this costs ~0.25 us per header (a listcomp and a join).
+`h11events` used to take. The fields are joined in C: `b"\r\n".join(map(b": ".join,
+headers))` builds one bytes object per field and no Python frame, against three
+concatenations per field in a list comprehension (timeit, six fields: ~2x faster).
+A request's method passed the token check once per distinct method (`_METHODS`, bounded):
+the method set is small, the target is checked every time.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ LAST_CHUNK = b"0\r\n\r\n"
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _STATUS_LINES: dict[int, bytes] = {}
 _REASONS: dict[int, bytes] = {}
+_METHODS: set[bytes] = set()  # methods that passed _TOKEN (module doc); cleared past KNOWN_MAX
+_CRLF = b"\r\n"
+_FIELD = b": ".join  # (name, value) -> b"name: value", in C
 
 
 class FieldError(ValueError):
@@ -98,17 +105,27 @@ def _status_line(status: int) -> bytes:
 def response_head(status: int, headers: Headers) -> bytes:
     """`HTTP/1.1 status reason`, the fields, and the blank line."""
     line = _status_line(status)
-    check_fields(headers)
-    return line + b"".join([name + b": " + value + b"\r\n" for name, value in headers]) + b"\r\n"
+    check_fields(headers)  # also what makes every pair a (bytes, bytes) for the join below
+    if not headers:
+        return line + _CRLF
+    return line + _CRLF.join(map(_FIELD, headers)) + b"\r\n\r\n"
 
 
 def request_head(method: bytes, target: bytes, headers: Headers) -> bytes:
     """`METHOD target HTTP/1.1`, the fields, and the blank line."""
-    if _TOKEN(method) is None or _TARGET(target) is None:
+    if type(method) is not bytes or method not in _METHODS:
+        if _TOKEN(method) is None:
+            raise FieldError(f"illegal request line {method[:20]!r} {target[:100]!r}")
+        if type(method) is bytes:
+            if len(_METHODS) >= KNOWN_MAX:
+                _METHODS.clear()
+            _METHODS.add(method)
+    if _TARGET(target) is None:
         raise FieldError(f"illegal request line {method[:20]!r} {target[:100]!r}")
-    check_fields(headers)
-    fields = b"".join([name + b": " + value + b"\r\n" for name, value in headers])
-    return method + b" " + target + b" HTTP/1.1\r\n" + fields + b"\r\n"
+    check_fields(headers)  # also what makes every pair a (bytes, bytes) for the join below
+    if not headers:
+        return method + b" " + target + b" HTTP/1.1\r\n\r\n"
+    return method + b" " + target + b" HTTP/1.1\r\n" + _CRLF.join(map(_FIELD, headers)) + b"\r\n\r\n"
 
 
 def chunk(data: bytes) -> bytes:

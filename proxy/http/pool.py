@@ -165,12 +165,42 @@ class _Upstream:
         )
 
 
+class _Slots:
+    """The connections in use, at most `max_connections`: trio.Semaphore's semantics, cheaper per request.
+
+    As trio's: a slot given back goes straight to the longest waiter (FIFO), and a free
+    slot means nobody waits. The uncontended take (`free -= 1`) and give (`give()`) cost no
+    lock-step calls: trio's acquire_nowait and release are two Python calls each plus the
+    ParkingLot's `__bool__` in both, four calls per request for a counter nobody waits on.
+    """
+
+    __slots__ = ("free", "lot", "waiters")
+
+    def __init__(self, n: int) -> None:
+        self.free = n
+        self.waiters = 0  # tasks in take_waiting (parked, or unparked and not yet resumed)
+        self.lot = trio.lowlevel.ParkingLot()
+
+    async def take_waiting(self) -> None:
+        """Wait for a slot (the caller found none free); cancellable, then nothing was taken."""
+        self.waiters += 1
+        try:
+            await self.lot.park()  # unparked by give(): the slot is ours, never added to `free`
+        finally:
+            self.waiters -= 1
+
+    def give(self) -> None:
+        if self.waiters and self.lot.unpark():
+            return  # handed to the first waiter
+        self.free += 1
+
+
 class _H1Upstream(_Upstream):
     protocol = "http1"
 
     def __init__(self, index: int, cfg: Upstream, pool: UpstreamPool, metrics: Metrics | None) -> None:
         super().__init__(index, cfg, pool, metrics)
-        self.slots = trio.Semaphore(cfg.max_connections)
+        self.slots = _Slots(cfg.max_connections)
         self.idle: deque[H1UpstreamConnection] = deque()  # oldest idle at the left
         self.open = 0
 
@@ -185,15 +215,16 @@ class _H1Upstream(_Upstream):
     ) -> H1Response:
         self.outstanding += 1
         now = self.pool.now()
-        try:
+        slots = self.slots
+        if slots.free:
+            slots.free -= 1
+        else:
             try:
-                self.slots.acquire_nowait()
-            except trio.WouldBlock:
                 await self._wait_for_slot(deadline)
-                now = self.pool.now()
-        except BaseException as exc:
-            self._failed(exc)
-            raise
+            except BaseException as exc:
+                self._failed(exc)
+                raise
+            now = self.pool.now()
         if self.prefix and target[:1] == b"/":
             target = self.prefix + target
         try:
@@ -213,7 +244,7 @@ class _H1Upstream(_Upstream):
                 else:
                     resp.deadline_entry = entry
         except BaseException as exc:
-            self.slots.release()
+            self.slots.give()
             self._failed(exc)
             raise
         resp.owner = self
@@ -224,7 +255,7 @@ class _H1Upstream(_Upstream):
         self.waiting += 1
         try:
             with trio.move_on_at(deadline):
-                await self.slots.acquire()
+                await self.slots.take_waiting()
                 return
             raise UpstreamTimeout(f"upstream {self.hostport}: no connection free before the deadline")
         finally:
@@ -301,7 +332,7 @@ class _H1Upstream(_Upstream):
             self.pool.reap_by(now + self.cfg.idle_timeout_s)
         else:
             self._discard(resp.connection)
-        self.slots.release()
+        self.slots.give()
         self._released(resp, now)
 
     def reap(self, now: float) -> float:

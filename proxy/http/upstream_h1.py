@@ -52,6 +52,7 @@ trio without anyio; this file is the thin part of that we need.
 
 from __future__ import annotations
 
+import operator
 import os
 import select
 from collections.abc import AsyncIterable
@@ -71,6 +72,11 @@ RECV_BYTES = 65_536
 SMALL_BODY_BYTES = 65_536
 _BODY_METHODS = frozenset({b"POST", b"PUT", b"PATCH"})
 _BYTES_LIKE = (bytes, bytearray, memoryview)
+_FRAMING_NAMES = frozenset({b"content-length", b"transfer-encoding"})
+_FIRST = operator.itemgetter(0)  # a field's name
+# Bound once: each is looked up per request otherwise (module attribute, then trio's re-exports).
+_checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
+_write = os.write
 
 Body = bytes | AsyncIterable[bytes]
 
@@ -80,21 +86,18 @@ def framed(method: bytes, headers: Headers, body: Any) -> Headers:
 
     A bytes body gets its exact content-length. A streamed body keeps a caller's
     content-length (the sender then enforces the count) or else goes chunked.
+    The names are looked at in C (`map(_FIRST, headers)`): the common request, a
+    bodiless GET with no framing field, costs no Python loop over its fields.
     """
-    has_cl = has_te = False
-    for k, _ in headers:
-        if k == b"content-length":
-            has_cl = True
-        elif k == b"transfer-encoding":
-            has_te = True
     if isinstance(body, _BYTES_LIKE):
         n = len(body)
-        if not has_cl and not has_te and (n == 0 and method not in _BODY_METHODS):
+        if n == 0 and method not in _BODY_METHODS and _FRAMING_NAMES.isdisjoint(map(_FIRST, headers)):
             return headers
         kept = [(k, v) for k, v in headers if k != b"content-length" and k != b"transfer-encoding"]
         kept.append((b"content-length", b"%d" % n))
         return kept
-    if has_cl and not has_te:
+    names = set(map(_FIRST, headers))
+    if b"content-length" in names and b"transfer-encoding" not in names:
         return headers
     kept = [(k, v) for k, v in headers if k != b"content-length" and k != b"transfer-encoding"]
     kept.append((b"transfer-encoding", b"chunked"))
@@ -182,7 +185,7 @@ class H1UpstreamConnection:
         A body over SMALL_BODY_BYTES, or streamed, is still being sent when this
         returns if the connection has a nursery (full duplex, module doc).
         """
-        await trio.lowlevel.checkpoint_if_cancelled()  # the writes below do not checkpoint
+        await _checkpoint_if_cancelled()  # the writes below do not checkpoint
         if self._busy or self.closed:
             raise RuntimeError(f"{self!r} is not idle")
         self._busy = True
@@ -262,7 +265,8 @@ class H1UpstreamConnection:
                 # request whole, and this skips trio's post-send yield (a scheduler
                 # pass per request). The rest, if any, waits for room; no yield
                 # follows the last write (see the reuse invariant).
-                sent = os.write(self._sock.fileno(), data)
+                # The stdlib socket's descriptor, not trio's fileno() wrapper (a Python call; sockio).
+                sent = _write(self._sock._sock.fileno(), data)  # type: ignore[attr-defined]
             except BlockingIOError:
                 pass
             if sent < len(data):
