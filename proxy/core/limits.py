@@ -24,20 +24,15 @@ admission controller enforces it. Each change records its reason
   read from its gauges (vLLM `num_requests_waiting` / `num_requests_running`,
   Triton `nv_inference_pending_request_count`) through `on_engine(running,
   waiting, inflight, now)`. Order only matters for what waits in rampmeter;
-  what waits inside the engine is served first come, first served. So: while
-  the engine's waiting queue stands (a decayed mean of at least half a request,
-  some waiting now, and the engine running as many as it has been seen to run:
-  a request that arrived between two engine steps waits a moment below the
-  engine's capacity, which is no queue) the limit drops by what waits there
-  beyond one request (to what the sidecar has in flight less the decayed mean
-  of the engine's waiting, plus the one, at least what the engine runs:
-  requests in the server's front end are no queue); while nothing waits there,
-  or the one waits while more sequences are idle than it fills, and the
-  sidecar uses its whole limit, it grows by one per reading.
-  It settles at the largest limit at which at most one request waits in the
-  engine, so the engine runs full batches (the waiting one takes the next free
-  sequence at once, where one held in the sidecar would first cross the
-  server's front end) and every other queued request is ordered by rampmeter.
+  what waits inside the engine is served first come, first served. So the
+  limit follows the engine: what it runs, plus what the server's front end
+  holds of ours (HTTP, tokenizing, answers being written: outside its gauges),
+  plus `engine_target_waiting` requests kept waiting inside it (the next to
+  take a free sequence, where one held in the sidecar would first cross the
+  front end). Each reading moves it by the target less what stands in the
+  engine's queue (up at once, down by half the excess), and a reading of
+  another client's load never cuts it below what the sidecar has in flight
+  (see `EngineQueue`). Every other queued request is ordered by rampmeter.
 - The gradient limit takes the same reading as a ceiling (`on_engine`): it
   never climbs above what the engine runs without queueing (issue 12: the
   shipped llm-chat policy's gradient limit climbed to 21-36 over vLLM's 8
