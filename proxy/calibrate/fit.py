@@ -41,7 +41,7 @@ driver (`measure.py`) collected, so each rule is tested with numbers by hand.
   in the sidecar.
 - `metrics_interval_s(step)`: how often the sidecar reads the engine's gauges:
   two short requests' time at the limit (`at_limit`), within METRICS_INTERVAL_S; the
-  engine_queue limit moves one request per reading, so the default 2 s let it
+  engine_queue limit moved one request per reading (before branch realcal4), so the default 2 s let it
   move 5 in a 10 s run (a read costs the server's front end CPU: not below 1 s).
 """
 

@@ -232,10 +232,11 @@ def _limits(add, cal: Calibration) -> None:
     add("min_limit = 1")
     ceiling = engine_queue_ceiling(cal.sweep)
     if engine and ceiling > cal.limit:
-        add(f"# Following the engine's queue, up to {ceiling} (the first step with requests waiting inside the engine,")
-        add("# or the knee): the server also holds requests outside its batch (HTTP, tokenizing, answers being")
-        add("# written), and the limit finds how many by keeping the engine's own queue near empty.")
-        add(f"max_limit = {ceiling}")
+        add("# Following the engine: what it runs, plus what its front end holds (HTTP, tokenizing, answers")
+        add("# being written), plus engine_target_waiting (2) kept waiting inside it. The front end's share is")
+        add(f"# found by the limit itself; the cap is twice {ceiling} (the first step with requests waiting")
+        add("# inside the engine, or the knee), a bound for a server whose gauges go wrong.")
+        add(f"max_limit = {2 * ceiling}")
     else:
         add(f"max_limit = {cal.limit}")
     if queue:
@@ -249,7 +250,7 @@ def _limits(add, cal: Calibration) -> None:
             f"# Seconds: two short requests' time at {step.concurrency} users (p50 {step.p50_ms:,.0f} ms), "
             f"within {lo:g}-{hi:g} s; the"
         )
-        add("# engine_queue limit moves by one request per reading.")
+        add("# engine_queue limit follows the engine at each reading.")
         add(f"upstream_metrics_interval_s = {interval:.2f}")
     add("")
 

@@ -24,20 +24,15 @@ admission controller enforces it. Each change records its reason
   read from its gauges (vLLM `num_requests_waiting` / `num_requests_running`,
   Triton `nv_inference_pending_request_count`) through `on_engine(running,
   waiting, inflight, now)`. Order only matters for what waits in rampmeter;
-  what waits inside the engine is served first come, first served. So: while
-  the engine's waiting queue stands (a decayed mean of at least half a request,
-  some waiting now, and the engine running as many as it has been seen to run:
-  a request that arrived between two engine steps waits a moment below the
-  engine's capacity, which is no queue) the limit drops by what waits there
-  beyond one request (to what the sidecar has in flight less the decayed mean
-  of the engine's waiting, plus the one, at least what the engine runs:
-  requests in the server's front end are no queue); while nothing waits there,
-  or the one waits while more sequences are idle than it fills, and the
-  sidecar uses its whole limit, it grows by one per reading.
-  It settles at the largest limit at which at most one request waits in the
-  engine, so the engine runs full batches (the waiting one takes the next free
-  sequence at once, where one held in the sidecar would first cross the
-  server's front end) and every other queued request is ordered by rampmeter.
+  what waits inside the engine is served first come, first served. So the
+  limit follows the engine: what it runs, plus what the server's front end
+  holds of ours (HTTP, tokenizing, answers being written: outside its gauges),
+  plus `engine_target_waiting` requests kept waiting inside it (the next to
+  take a free sequence, where one held in the sidecar would first cross the
+  front end). Each reading moves it by the target less what stands in the
+  engine's queue (up at once, down by half the excess), and a reading of
+  another client's load never cuts it below what the sidecar has in flight
+  (see `EngineQueue`). Every other queued request is ordered by rampmeter.
 - The gradient limit takes the same reading as a ceiling (`on_engine`): it
   never climbs above what the engine runs without queueing (issue 12: the
   shipped llm-chat policy's gradient limit climbed to 21-36 over vLLM's 8
@@ -66,25 +61,50 @@ class Limit(Protocol):
     def statistics(self) -> dict[str, Any]: ...
 
 
-WAITING_ALPHA = 0.3  # decay of the engine's waiting count over readings
-STANDING = 0.5  # a decayed mean waiting at or above this (and someone waiting now) is a queue
+WAITING_ALPHA = 0.3  # decay of the engine's waiting count over readings (shown in statistics)
 
-
-# One request may wait inside the engine: it takes the next free sequence at once, where one held in
-# the sidecar would first cross the server's front end (vLLM's CPU build: ~100 ms on a busy machine).
-# Without it, the limit was cut at every reading that caught the front end holding fewer than usual,
-# and vLLM ran 4.5-5.7 of its 8 sequences while the sidecar queued (bench/real_servers, 2026-12-01).
-KEEP_WAITING = 1.0
+# How many requests the engine_queue limit keeps waiting inside the engine by default
+# (`[limits] engine_target_waiting`): the next ones to take a free sequence at once, where one held in
+# the sidecar first crosses the server's front end (vLLM's CPU build: 100s of ms on a busy machine).
+# A toy of 8 sequences behind a front end of 0.1-0.6 s (tests/core/test_engine_follow.py) ran 7.2-7.5
+# of the 8 while the sidecar queued with 1 kept waiting, 7.3-7.9 with 2, 7.5-8.0 with 3 (at 0.9-1.1x
+# its capacity); every one beyond the first adds a request served first come, first served.
+TARGET_WAITING = 2.0
+CUT_GAIN = 0.5  # a cut takes half the excess per reading: one reading catches the front end at random
 PEAK_DECAY = 0.999  # the most the engine was seen running fades by this per reading (~700 to halve)
 
 
 class EngineQueue:
-    """The largest limit at which the engine's waiting queue stays near zero (see module doc)."""
+    """The limit that follows the engine: what it runs (and its front end holds) plus a target waiting.
 
-    __slots__ = ("limit", "peak_running", "reason", "waiting_mean")
+    Theory of operation. At a reading the sidecar has `inflight` requests upstream; the engine
+    reports `running` and `waiting` (Triton: pending only; running is then inflight less waiting).
+    While the engine's load is ours (it holds no more than we have in flight), our requests that do
+    not wait inside it are running or in the server's front end (HTTP, tokenizing, answers being
+    written), and the limit that leaves `target` waiting inside it is
 
-    def __init__(self, initial: float) -> None:
+        follow = inflight - standing + target
+
+    where `standing` is what waits beyond the sequences that are idle at that moment (a request that
+    arrived between two engine steps waits a moment below capacity: no queue). While the sidecar
+    uses its whole limit, inflight is the limit, so each reading moves it by `target - standing`:
+    up at once when the engine's queue runs short (the engine needs the next request ready when a
+    sequence ends), down by half the excess when more than the target waits. Below its limit the
+    sidecar proves nothing about more room (app-limited), so the limit only comes down then.
+    Everything beyond the limit waits in rampmeter, where it is ordered (SJF, classes, aging).
+
+    Load that is not ours (issue 12: the direct runs of bench/real_servers filled vLLM beside the
+    sidecar and cut its limit to the batch before every run through it): when the engine holds
+    more than the sidecar has in flight, some of its queue is another client's, and a reading never
+    lowers the limit below what the sidecar has in flight; holding nothing, a reading changes
+    nothing (what waits there is none of ours).
+    """
+
+    __slots__ = ("limit", "peak_running", "reason", "target", "waiting_mean")
+
+    def __init__(self, initial: float, target: float = TARGET_WAITING) -> None:
         self.limit = float(initial)
+        self.target = float(target)
         self.waiting_mean = 0.0
         self.peak_running = 0.0
         self.reason = "initial"
@@ -93,22 +113,20 @@ class EngineQueue:
         self.waiting_mean += WAITING_ALPHA * (waiting - self.waiting_mean)
         runs = running if running is not None else max(0.0, inflight - waiting)  # Triton: pending only
         self.peak_running = max(runs, self.peak_running * PEAK_DECAY)
-        at_capacity = runs >= self.peak_running - 0.5
-        if waiting > KEEP_WAITING and self.waiting_mean >= KEEP_WAITING + STANDING and at_capacity:
-            # Take off what has waited inside the engine beyond the one kept there, on average (one
-            # reading catches the front end's share at a random moment), and not what is on its way in
-            # or out of it (the HTTP front end, tokenizing, the answer being written).
-            new = max(lo, min(self.limit, max(runs, inflight - self.waiting_mean + KEEP_WAITING)))
-            if new < self.limit:
-                self.limit, self.reason = new, "engine_queue"
-        elif (
-            inflight >= int(self.limit)
-            and self.limit < hi
-            and (waiting < 1 or (waiting <= KEEP_WAITING and runs + waiting < self.peak_running - 0.5))
-        ):
-            # Nothing waits in the engine, or at most the kept one waits while more sequences are idle
-            # than it fills: what the sidecar holds back would run at once.
-            self.limit, self.reason = min(float(hi), self.limit + 1.0), "engine_idle"
+        if inflight <= 0:
+            self.reason = "engine_not_ours"  # another client's load, or none: nothing to follow
+            return self.limit
+        standing = max(0.0, waiting - max(0.0, self.peak_running - runs))
+        if standing > self.target:
+            follow = inflight + self.target - standing
+            if runs + waiting > inflight + 0.5:  # the engine holds others' requests: ours are not all queued
+                follow = float(inflight)
+            if follow < self.limit:
+                self.limit, self.reason = max(float(lo), self.limit + CUT_GAIN * (follow - self.limit)), "engine_queue"
+        elif standing < self.target and inflight >= int(self.limit) and self.limit < hi:
+            # The sidecar uses its whole limit (the fraction below int() included) and the engine's queue
+            # is short of the target: what the sidecar holds back would be the engine's next request.
+            self.limit, self.reason = min(float(hi), self.limit + self.target - standing), "engine_idle"
         return self.limit
 
 
@@ -137,6 +155,7 @@ class GradientLimit:
         "_allowance",
         "_backoff",
         "_ceiling",
+        "_engine_target",
         "_limit",
         "_long_a",
         "_max",
@@ -166,8 +185,10 @@ class GradientLimit:
         backoff_ratio: float = 0.9,
         short_window_samples: int = 10,
         long_window_samples: int = 600,
+        engine_target_waiting: float = TARGET_WAITING,
     ) -> None:
         self._min, self._max = min_limit, max_limit
+        self._engine_target = engine_target_waiting
         self._limit = float(min(max(initial, min_limit), max_limit))
         self.value = int(self._limit)
         self.last_reason = "initial"
@@ -187,7 +208,7 @@ class GradientLimit:
     def on_engine(self, running: float | None, waiting: float, inflight: int, now: float) -> int:
         """The engine's queue caps the gradient: never above what it runs without queueing."""
         if self._ceiling is None:
-            self._ceiling = EngineQueue(max(self._limit, self._min))
+            self._ceiling = EngineQueue(max(self._limit, self._min), self._engine_target)
         self._ceiling.reading(running, waiting, inflight, self._min, self._max)
         return self._set(self._limit, "engine_queue", now)
 
@@ -241,9 +262,17 @@ class EngineQueueLimit:
 
     __slots__ = ("_backoff", "_max", "_min", "_queue", "changed_at", "last_reason", "readings", "value")
 
-    def __init__(self, initial: int, min_limit: int, max_limit: int, *, backoff_ratio: float = 0.9) -> None:
+    def __init__(
+        self,
+        initial: int,
+        min_limit: int,
+        max_limit: int,
+        *,
+        backoff_ratio: float = 0.9,
+        target_waiting: float = TARGET_WAITING,
+    ) -> None:
         self._min, self._max, self._backoff = min_limit, max_limit, backoff_ratio
-        self._queue = EngineQueue(min(max(initial, min_limit), max_limit))
+        self._queue = EngineQueue(min(max(initial, min_limit), max_limit), target_waiting)
         self.value = int(self._queue.limit)
         self.last_reason = "initial"
         self.changed_at: float | None = None
@@ -274,6 +303,7 @@ class EngineQueueLimit:
             "last_reason": self.last_reason,
             "engine_waiting_mean": self._queue.waiting_mean,
             "engine_peak_running": self._queue.peak_running,
+            "engine_target_waiting": self._queue.target,
             "readings": self.readings,
         }
 
@@ -287,7 +317,11 @@ def make_limit(policy: Limits) -> FixedLimit | GradientLimit | EngineQueueLimit:
         return FixedLimit(policy.initial_limit)
     if policy.kind == "engine_queue":
         return EngineQueueLimit(
-            policy.initial_limit, policy.min_limit, policy.max_limit, backoff_ratio=policy.backoff_ratio
+            policy.initial_limit,
+            policy.min_limit,
+            policy.max_limit,
+            backoff_ratio=policy.backoff_ratio,
+            target_waiting=policy.engine_target_waiting,
         )
     return GradientLimit(
         policy.initial_limit,
@@ -300,4 +334,5 @@ def make_limit(policy: Limits) -> FixedLimit | GradientLimit | EngineQueueLimit:
         backoff_ratio=policy.backoff_ratio,
         short_window_samples=policy.short_window_samples,
         long_window_samples=policy.long_window_samples,
+        engine_target_waiting=policy.engine_target_waiting,
     )

@@ -302,6 +302,14 @@ class Limits(Section, frozen=True):
     long_window_samples: Annotated[
         int, Meta(ge=2, le=1_000_000, description="Samples averaged for the long-term latency.")
     ] = 600
+    engine_target_waiting: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=1024,
+            description="engine_queue (and the gradient's ceiling from the engine's gauges): requests kept waiting inside the engine, so it has the next one ready when a sequence ends; the limit follows what the engine runs (and its front end holds) plus this many. Everything beyond waits in rampmeter, where it is ordered.",
+        ),
+    ] = 2.0
     latency_measure: Annotated[
         Literal["request_ms", "ms_per_token"],
         Meta(

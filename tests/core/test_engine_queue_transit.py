@@ -3,9 +3,9 @@
 Pure, readings by hand: a toy engine of `seqs` sequences behind a front end that
 always holds `transit` of the requests in flight (parsing, tokenizing, writing
 answers). What waits inside the engine is taken off the limit; what is in the
-front end is not, and one request is kept waiting in the engine (it takes the
-next free sequence at once), so the limit settles at seqs + transit + 1 and the
-engine runs full. (Dropping to what the engine runs, as before, swung the limit
+front end is not, and two requests are kept waiting in the engine
+(engine_target_waiting: they take the next free sequences at once), so the limit
+settles at seqs + transit + 2 and the engine runs full. (Dropping to what the engine runs, as before, swung the limit
 between seqs and seqs + transit + 1 and left the engine running 3.5-5.7 of
 vLLM's 8 while requests queued in the sidecar: bench/real_servers, 2026-12-01.)
 The front end's share varies from moment to moment on a real server; the last
@@ -38,7 +38,7 @@ def test_the_limit_keeps_what_is_in_transit_and_the_engine_full(seqs, transit, i
         limit.on_engine(running, waiting, inflight, float(i))
         if i >= 300:
             seen.append((limit.value, running))
-    assert all(seqs + transit <= value <= seqs + transit + 1 for value, _ in seen), seen[-5:]
+    assert all(value == seqs + transit + 2 for value, _ in seen), seen[-5:]
     assert all(running == seqs for _, running in seen)  # never an idle sequence once settled
 
 
@@ -46,10 +46,10 @@ def test_a_drop_takes_off_only_what_waits_inside_the_engine():
     limit = EngineQueueLimit(14, 1, 256)
     for _ in range(10):  # 14 in flight: 8 running, 3 waiting inside vLLM, 3 in its front end
         limit.on_engine(8.0, 3.0, 14, 0.0)
-    assert limit.value == 12 and limit.last_reason == "engine_queue"  # not 8: 8 + 3 + the one kept waiting
-    for _ in range(20):  # at 12: the engine full, the kept one waiting: no more drops, no growth
-        limit.on_engine(8.0, 1.0, 12, 1.0)
-    assert limit.value == 12
+    assert limit.value == 13 and limit.last_reason == "engine_queue"  # not 8: 8 + 3 + the two kept waiting
+    for _ in range(20):  # at 13: the engine full, the kept two waiting: no more drops, no growth
+        limit.on_engine(8.0, 2.0, 13, 1.0)
+    assert limit.value == 13
 
 
 @settings(max_examples=50, deadline=None)
@@ -59,7 +59,8 @@ def test_a_front_end_that_holds_a_varying_share_does_not_leave_the_batch_part_em
     at the moment of a reading). The rule before this one cut the limit to what was in flight less what
     waited at every reading that caught the front end holding few: with seqs 8 and transit 3 the
     engine ran 6.6 of its 8 on average. Cutting by the mean of what waited beyond the one kept there
-    keeps it at 7.3, with a short queue inside the engine."""
+    (realcal2) kept it at 7.3; following the engine with two kept waiting (realcal4) keeps it above 7.6,
+    with a queue of about two inside the engine."""
     rng = random.Random(seed)
     limit = EngineQueueLimit(seqs, 1, 256)
     running_seen, waiting_seen = [], []
@@ -71,6 +72,6 @@ def test_a_front_end_that_holds_a_varying_share_does_not_leave_the_batch_part_em
             running_seen.append(running)
             waiting_seen.append(waiting)
     # Idle sequences at most 0.3 x the front end's mean share (the rule before: 0.33-0.52 in every case of
-    # seqs 4-32, transit 1-4, 5 seeds; this one: at most 0.27).
+    # seqs 4-32, transit 1-4, 5 seeds; realcal2's: at most 0.27; this one: at most 0.13, waiting <= 2.53).
     assert sum(running_seen) / len(running_seen) >= seqs - 0.3 * transit
-    assert sum(waiting_seen) / len(waiting_seen) <= 2.0  # the rest waits in the sidecar, where it is ordered
+    assert sum(waiting_seen) / len(waiting_seen) <= 3.0  # the rest waits in the sidecar, where it is ordered
