@@ -204,6 +204,11 @@ class _Inbound(FrameBuffer):
             if kind == _SETTINGS and length > 6 * MAX_SETTINGS_PER_FRAME:
                 raise _Flood("control_frames", f"a SETTINGS frame with over {MAX_SETTINGS_PER_FRAME} settings")
             self._control("control frames")
+        if kind != _HEADERS and not self._headers_buffer:
+            # DATA, WINDOW_UPDATE, PING without a hyperframe object (h2frames.cut; None: hyperframe's)
+            frame = h2frames.cut(data, length, kind, flags, int.from_bytes(data[5:9], "big") & MAX_STREAM_ID)
+            if frame is not None:
+                return frame
         frame = super().__next__()
         quiet = _QUIET.get(frame.__class__)
         if quiet is not None:
@@ -244,8 +249,7 @@ class _H2State(h2.connection.H2Connection):
     def __init__(self, config: h2.config.H2Configuration) -> None:
         super().__init__(config)
         table = self._frame_dispatch_table
-        for base, quiet in _QUIET.items():
-            table[quiet] = table[base]
+        h2frames.quiet_dispatch(table)
         table[_WholeHeaders] = self._receive_whole_headers  # type: ignore[index]  # dispatched by class, as h2 does
 
     def _receive_whole_headers(self, frame: _WholeHeaders) -> tuple[list, list]:
