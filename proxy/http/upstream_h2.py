@@ -152,9 +152,15 @@ class _QuietFrames(FrameBuffer):
 
 
 class _Stream:
+    """One request stream's state, and its two waiters (the reader of the response, the uploader).
+
+    A waiter parks its own task (`wait_task_rescheduled`) and a wake reschedules it: what a
+    fresh trio.Event per wait did (an Event and its ParkingLot per wait, twice or more per call),
+    without the objects."""
+
     __slots__ = (
-        "_event",
-        "_wevent",
+        "_reader",
+        "_writer",
         "blocked",
         "chunks",
         "ended",
@@ -180,15 +186,15 @@ class _Stream:
         self.error: BaseException | None = None  # UpstreamProtocolError, or what the uploader raised
         self.blocked = False  # the uploader waits for send window
         self.uploader: trio.CancelScope | None = None  # the upload task's scope while it runs
-        self._event: trio.Event | None = None  # the reader's wake-up
-        self._wevent: trio.Event | None = None  # the uploader's wake-up
+        self._reader: Any = None  # the task waiting in wait(), until woken or cancelled
+        self._writer: Any = None  # the task waiting in wait_writer()
 
     def wake(self) -> None:
         """New head or DATA: wake the reader."""
-        event = self._event
-        if event is not None:
-            self._event = None
-            event.set()
+        task = self._reader
+        if task is not None:
+            self._reader = None
+            _reschedule(task)
 
     def wake_all(self) -> None:
         """Ended, reset, failed: wake the reader and the uploader."""
@@ -196,18 +202,30 @@ class _Stream:
         self.wake_writer()
 
     def wake_writer(self) -> None:
-        event = self._wevent
-        if event is not None:
-            self._wevent = None
-            event.set()
+        task = self._writer
+        if task is not None:
+            self._writer = None
+            _reschedule(task)
 
     async def wait(self) -> None:
-        self._event = event = trio.Event()
-        await event.wait()
+        self._reader = _current_task()
+        await _wait_rescheduled(self._abort_reader)
 
     async def wait_writer(self) -> None:
-        self._wevent = event = trio.Event()
-        await event.wait()
+        self._writer = _current_task()
+        await _wait_rescheduled(self._abort_writer)
+
+    def _abort_reader(self, _: object) -> trio.lowlevel.Abort:
+        self._reader = None
+        return _ABORTED
+
+    def _abort_writer(self, _: object) -> trio.lowlevel.Abort:
+        self._writer = None
+        return _ABORTED
+
+
+_reschedule, _current_task = trio.lowlevel.reschedule, trio.lowlevel.current_task
+_wait_rescheduled, _ABORTED = trio.lowlevel.wait_task_rescheduled, trio.lowlevel.Abort.SUCCEEDED
 
 
 class H2UpstreamConnection:
