@@ -745,9 +745,8 @@ class H2ServerConnection:
     # --- writer ---
     def kick(self) -> None:
         """Hand h2's pending output to the writer; does not wait."""
-        data = self.h2.data_to_send()
-        if data:
-            self._queue(data)
+        if self.h2._data_to_send:  # (data_to_send() makes a new buffer even when there is nothing)
+            self._queue(self.h2.data_to_send())
 
     def send_frames(self, data: bytes) -> None:
         """Queue frames serialised outside h2 (h2stream), after whatever h2 has pending (HPACK order)."""

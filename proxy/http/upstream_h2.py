@@ -352,9 +352,9 @@ class H2UpstreamConnection:
         almost every request. Order holds: we write directly only when nothing
         is queued or being written ahead of us.
         """
-        data = self._h2.data_to_send()
-        if not data or self.closed:
+        if not self._h2._data_to_send or self.closed:  # (data_to_send() makes a new buffer even when empty)
             return
+        data = self._h2.data_to_send()
         if self._outbox or self._writing:
             self._queue(data)
             return
