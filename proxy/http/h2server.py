@@ -287,7 +287,7 @@ class _Waiter:
     __slots__ = ("task",)
 
     def __init__(self) -> None:
-        self.task = None
+        self.task: trio.lowlevel.Task | None = None
 
     async def park(self) -> None:
         self.task = _current_task()
