@@ -204,11 +204,6 @@ class _Inbound(FrameBuffer):
             if kind == _SETTINGS and length > 6 * MAX_SETTINGS_PER_FRAME:
                 raise _Flood("control_frames", f"a SETTINGS frame with over {MAX_SETTINGS_PER_FRAME} settings")
             self._control("control frames")
-        if kind != _HEADERS and not self._headers_buffer:
-            # DATA, WINDOW_UPDATE, PING without a hyperframe object (h2frames.cut; None: hyperframe's)
-            frame = h2frames.cut(data, length, kind, flags, int.from_bytes(data[5:9], "big") & MAX_STREAM_ID)
-            if frame is not None:
-                return frame
         frame = super().__next__()
         quiet = _QUIET.get(frame.__class__)
         if quiet is not None:
