@@ -226,8 +226,20 @@ def parse_response(fields: list[tuple[bytes, bytes]]) -> tuple[int, list[tuple[b
     return status, regular
 
 
+_trailers_memo: dict[tuple, list[tuple[bytes, bytes]]] = {}
+
+
 def parse_trailers(fields: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]] | str:
-    """The fields of a trailer block, or why it is malformed: no pseudo-headers (RFC 9113 8.1)."""
+    """The fields of a trailer block, or why it is malformed: no pseudo-headers (RFC 9113 8.1).
+
+    A fresh list each time; blocks that passed are remembered as `parse_response` remembers
+    heads (a gRPC upstream ends every call with the same `grpc-status: 0`)."""
+    key = None
+    if len(fields) <= MEMO_MAX_FIELDS:
+        key = tuple(fields)
+        hit = _trailers_memo.get(key)
+        if hit is not None:
+            return list(hit)
     out = []
     for field in fields:
         name, value = field
@@ -235,6 +247,11 @@ def parse_trailers(fields: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes
         if problem:
             return problem
         out.append(field)
+    if key is not None and sum(len(n) + len(v) for n, v in out) <= MEMO_MAX_BYTES:
+        if len(_trailers_memo) >= MEMO_ENTRIES:
+            del _trailers_memo[next(iter(_trailers_memo))]
+        _trailers_memo[key] = out
+        return list(out)
     return out
 
 

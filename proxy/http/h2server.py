@@ -244,8 +244,7 @@ class _H2State(h2.connection.H2Connection):
     def __init__(self, config: h2.config.H2Configuration) -> None:
         super().__init__(config)
         table = self._frame_dispatch_table
-        for base, quiet in _QUIET.items():
-            table[quiet] = table[base]
+        h2frames.quiet_dispatch(table)
         table[_WholeHeaders] = self._receive_whole_headers  # type: ignore[index]  # dispatched by class, as h2 does
 
     def _receive_whole_headers(self, frame: _WholeHeaders) -> tuple[list, list]:
@@ -275,6 +274,35 @@ class _H2State(h2.connection.H2Connection):
         return len(self.owned) - _REFUSAL_SLACK
 
 
+class _Waiter:
+    """Where one task waits for another's wake-up: a ParkingLot with a single parker, minus its
+    dict, its closure per park and its generator per unpark (twice per h2 request: the worker
+    waiting for its next stream, the writer for its next batch)."""
+
+    __slots__ = ("task",)
+
+    def __init__(self) -> None:
+        self.task: trio.lowlevel.Task | None = None
+
+    async def park(self) -> None:
+        self.task = _current_task()
+        await _wait_rescheduled(self._abort)
+
+    def _abort(self, _: object) -> trio.lowlevel.Abort:
+        self.task = None
+        return _ABORTED
+
+    def unpark(self) -> None:
+        task = self.task
+        if task is not None:
+            self.task = None
+            _reschedule(task)
+
+
+_reschedule, _current_task = trio.lowlevel.reschedule, trio.lowlevel.current_task
+_wait_rescheduled, _ABORTED = trio.lowlevel.wait_task_rescheduled, trio.lowlevel.Abort.SUCCEEDED
+
+
 class _Worker:
     """A task that runs streams one after another, each inside the worker's cancel scope.
 
@@ -292,7 +320,7 @@ class _Worker:
     def __init__(self, conn: H2ServerConnection, stream: H2Stream) -> None:
         self._conn = conn
         self._next: H2Stream | None = stream
-        self._lot = trio.lowlevel.ParkingLot()
+        self._lot = _Waiter()
 
     def take(self, stream: H2Stream) -> None:
         """The reader hands this idle worker its next stream."""
@@ -385,7 +413,7 @@ class H2ServerConnection:
         self._queued_seq = 0
         self._sent_seq = 0
         self._writer_idle = False
-        self._writer_lot = trio.lowlevel.ParkingLot()
+        self._writer_lot = _Waiter()
         self._flushed_lot = trio.lowlevel.ParkingLot()
 
     def __repr__(self) -> str:
@@ -532,8 +560,10 @@ class H2ServerConnection:
                 if not self._peer_reset(event.stream_id):  # type: ignore[attr-defined]
                     return  # rapid reset: the connection is closing
             elif kind is h2.events.WindowUpdated or kind is h2.events.RemoteSettingsChanged:
-                self._pump_held()
-                self._send_lot.unpark_all()
+                if self.holding:
+                    self._pump_held()
+                if self._send_lot:
+                    self._send_lot.unpark_all()
             elif kind is h2.events.PingAckReceived:
                 if event.ping_data == _DRAIN_PING:  # type: ignore[attr-defined]
                     self._final_goaway()
@@ -710,9 +740,8 @@ class H2ServerConnection:
     # --- writer ---
     def kick(self) -> None:
         """Hand h2's pending output to the writer; does not wait."""
-        data = self.h2.data_to_send()
-        if data:
-            self._queue(data)
+        if self.h2._data_to_send:  # (data_to_send() makes a new buffer even when there is nothing)
+            self._queue(self.h2.data_to_send())
 
     def send_frames(self, data: bytes) -> None:
         """Queue frames serialised outside h2 (h2stream), after whatever h2 has pending (HPACK order)."""
@@ -770,7 +799,9 @@ class H2ServerConnection:
                 return
             self._sent_seq = seq
             self.writes += 1
-            self._flushed_lot.unpark_all()
+            if self._flushed_lot:  # (an empty lot's unpark_all still costs a generator)
+                self._flushed_lot.unpark_all()
             if self.holding:
                 self._pump_held()
-            self._send_lot.unpark_all()
+            if self._send_lot:
+                self._send_lot.unpark_all()

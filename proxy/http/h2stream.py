@@ -160,8 +160,10 @@ class H2Body(BufferedBody):
 
     def release(self) -> None:
         """Acknowledge what the handler never read, and give the budget back (the stream is over)."""
-        unread = sum(flow_len for _, flow_len in self._parts) + self._unacked
-        self._parts.clear()
+        unread = self._unacked
+        if self._parts:
+            unread += sum(flow_len for _, flow_len in self._parts)
+            self._parts.clear()
         self._unacked = 0
         if unread:
             self._conn.acknowledge(unread, self._sid)

@@ -67,6 +67,23 @@ def _literal(name: bytes, value: bytes) -> bytes:
     return bytes(out)
 
 
+_NAME_CODES: dict[bytes, bytes] = {}  # a volatile name's part of its literal (at most MAX_VOLATILE per encoder)
+
+
+def _literal_fast(name: bytes, value: bytes) -> bytes:
+    """`_literal`, with the name's part remembered and a short value's length as its one byte
+    (a 7-bit prefix holds up to 126): a volatile field is coded on every block that carries it."""
+    prefix = _NAME_CODES.get(name)
+    if prefix is None:
+        if len(_NAME_CODES) >= 4 * MAX_VOLATILE:
+            _NAME_CODES.clear()
+        prefix = _NAME_CODES[name] = _literal(name, b"")[:-1]
+    size = len(value)
+    if size < 127:
+        return prefix + bytes((size,)) + value
+    return _literal(name, value)
+
+
 class VersionedHeaderTable(HeaderTable):
     """hpack's table, counting its changes."""
 
@@ -101,10 +118,14 @@ class MemoEncoder(hpack.Encoder):
         if table.resized or isinstance(headers, dict):
             return super().encode(headers, huffman)
         items = tuple(headers)
-        if any(type(h) is not tuple for h in items):  # HeaderTuple kinds compare equal to plain tuples
-            return super().encode(items, huffman)
         volatile = self.volatile
-        if volatile and any(k in volatile for k, _ in items):
+        mixed = False
+        for field in items:  # one pass for both checks
+            if type(field) is not tuple:  # HeaderTuple kinds compare equal to plain tuples
+                return super().encode(items, huffman)
+            if field[0] in volatile:
+                mixed = True
+        if mixed:
             # In order: runs of the other fields through the memo, each volatile field a literal.
             out: list[bytes] = []
             run: list[tuple[bytes, bytes]] = []
@@ -113,7 +134,7 @@ class MemoEncoder(hpack.Encoder):
                     if run:
                         out.append(self._memo_encode(tuple(run), huffman))
                         run = []
-                    out.append(_literal(*field))
+                    out.append(_literal_fast(*field))
                 else:
                     run.append(field)
             if run:

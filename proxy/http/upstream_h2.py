@@ -136,14 +136,31 @@ class _ClientState(h2.connection.H2Connection):
 
 
 class _QuietFrames(FrameBuffer):
+    """h2's frame buffer, cutting the common frames without hyperframe (h2frames.cut) and handing
+    h2 the rest with a cheap repr (h2frames.quiet)."""
+
     def __next__(self):
+        data = self._data
+        if len(data) >= 9 and not self._headers_buffer:
+            length = int.from_bytes(data[:3], "big")
+            if length <= self.max_frame_size and len(data) >= 9 + length:
+                sid = int.from_bytes(data[5:9], "big") & 0x7FFFFFFF
+                frame = h2frames.cut(data, length, data[3], data[4], sid)
+                if frame is not None:
+                    return frame
         return h2frames.quiet(super().__next__())
 
 
 class _Stream:
+    """One request stream's state, and its two waiters (the reader of the response, the uploader).
+
+    A waiter parks its own task (`wait_task_rescheduled`) and a wake reschedules it: what a
+    fresh trio.Event per wait did (an Event and its ParkingLot per wait, twice or more per call),
+    without the objects."""
+
     __slots__ = (
-        "_event",
-        "_wevent",
+        "_reader",
+        "_writer",
         "blocked",
         "chunks",
         "ended",
@@ -169,15 +186,15 @@ class _Stream:
         self.error: BaseException | None = None  # UpstreamProtocolError, or what the uploader raised
         self.blocked = False  # the uploader waits for send window
         self.uploader: trio.CancelScope | None = None  # the upload task's scope while it runs
-        self._event: trio.Event | None = None  # the reader's wake-up
-        self._wevent: trio.Event | None = None  # the uploader's wake-up
+        self._reader: Any = None  # the task waiting in wait(), until woken or cancelled
+        self._writer: Any = None  # the task waiting in wait_writer()
 
     def wake(self) -> None:
         """New head or DATA: wake the reader."""
-        event = self._event
-        if event is not None:
-            self._event = None
-            event.set()
+        task = self._reader
+        if task is not None:
+            self._reader = None
+            _reschedule(task)
 
     def wake_all(self) -> None:
         """Ended, reset, failed: wake the reader and the uploader."""
@@ -185,18 +202,30 @@ class _Stream:
         self.wake_writer()
 
     def wake_writer(self) -> None:
-        event = self._wevent
-        if event is not None:
-            self._wevent = None
-            event.set()
+        task = self._writer
+        if task is not None:
+            self._writer = None
+            _reschedule(task)
 
     async def wait(self) -> None:
-        self._event = event = trio.Event()
-        await event.wait()
+        self._reader = _current_task()
+        await _wait_rescheduled(self._abort_reader)
 
     async def wait_writer(self) -> None:
-        self._wevent = event = trio.Event()
-        await event.wait()
+        self._writer = _current_task()
+        await _wait_rescheduled(self._abort_writer)
+
+    def _abort_reader(self, _: object) -> trio.lowlevel.Abort:
+        self._reader = None
+        return _ABORTED
+
+    def _abort_writer(self, _: object) -> trio.lowlevel.Abort:
+        self._writer = None
+        return _ABORTED
+
+
+_reschedule, _current_task = trio.lowlevel.reschedule, trio.lowlevel.current_task
+_wait_rescheduled, _ABORTED = trio.lowlevel.wait_task_rescheduled, trio.lowlevel.Abort.SUCCEEDED
 
 
 class H2UpstreamConnection:
@@ -323,9 +352,9 @@ class H2UpstreamConnection:
         almost every request. Order holds: we write directly only when nothing
         is queued or being written ahead of us.
         """
-        data = self._h2.data_to_send()
-        if not data or self.closed:
+        if not self._h2._data_to_send or self.closed:  # (data_to_send() makes a new buffer even when empty)
             return
+        data = self._h2.data_to_send()
         if self._outbox or self._writing:
             self._queue(data)
             return

@@ -197,7 +197,10 @@ class _H2ServerConn:
 
     async def _run_exchange(self, exchange: H2Exchange) -> None:
         self.active += 1
-        self.server.max_active = max(self.server.max_active, self.active)
+        # Streams open as h2 counts them (SETTINGS_MAX_CONCURRENT_STREAMS' own measure), not handlers still
+        # running: a handler that has sent its END_STREAM may not have returned yet when the client, having
+        # read that answer, opens its next stream.
+        self.server.max_active = max(self.server.max_active, self.h2.open_inbound_streams)
         try:
             await self.server.handler(exchange)
         finally:

@@ -217,3 +217,12 @@ def test_trailers_take_no_pseudo_headers():
     ]
     assert "pseudo-header" in h2rules.parse_trailers([(b":status", b"200")])
     assert "invalid value" in h2rules.parse_trailers([(b"grpc-message", b"a\r\n")])
+
+
+def test_trailers_are_remembered_and_handed_out_fresh():
+    block = [(b"grpc-status", b"0"), (b"grpc-message", b"")]
+    first = h2rules.parse_trailers(block)
+    first.append((b"edited", b"by the caller"))
+    assert h2rules.parse_trailers(list(block)) == block  # the memo's copy was not the caller's
+    assert "invalid value" in h2rules.parse_trailers([(b"grpc-message", b"a\r\n")])  # failures are not remembered
+    assert "invalid value" in h2rules.parse_trailers([(b"grpc-message", b"a\r\n")])

@@ -146,3 +146,16 @@ def test_install_swaps_the_coder_of_a_fresh_h2_connection_only():
     used.initiate_connection()
     used.send_headers(1, [(b":method", b"GET"), (b":path", b"/x"), (b":scheme", b"http"), (b":authority", b"a")])
     assert not hpack_memo.install(used)  # its table already holds fields
+
+
+@given(
+    name=st.sampled_from([b"grpc-timeout", b"x-request-id", b"content-length", b"date", b"x-rampmeter-queue-ms"]),
+    value=st.binary(max_size=300),
+)
+def test_the_fast_literal_codes_what_the_plain_literal_codes(name, value):
+    """A volatile field's literal, with the name's part remembered and a short length as one byte,
+    is byte for byte what `_literal` codes (and hpack decodes it back)."""
+    from proxy.http.hpack_memo import _literal, _literal_fast
+
+    assert _literal_fast(name, value) == _literal(name, value)
+    assert hpack.Decoder().decode(_literal_fast(name, value), raw=True) == [(name, value)]
