@@ -6,22 +6,37 @@ CPU? For every attack in `proxy.testing.attacks.ATTACKS`, in one run: a fresh
 sidecar (default policy, pinned to CPU 0) in front of one sim pod (speed 20, CPU
 1) gets a steady normal load (RATE req/s of short chat completions on a fixed
 schedule, from WORKERS connections, half HTTP/1.1 keep-alive, half h2c, from this
-process on CPU 1; latency counts from when a request was due) for the phase;
-from a second second on, the attack runs from its own process (`python -m
-proxy.testing.attacks`, CPU 1, nice +5 so that it cannot starve the load's
-threads: its strength is what one core left over can send). A baseline phase with
-no attack runs first and last; attacks are compared with the mean of the two.
+process on CPU 1; latency counts from when a request was due).
 
-Per phase: normal requests answered 200 (share of those sent), their p50/p99,
+Method (why the ratio means something on a shared machine): each attack is measured
+in REPEATS pairs, each pair a no-attack phase and an attack phase run back to back
+(ABBA order over the repeats, so drift hits both sides alike), each on a fresh
+sidecar, each with the same normal load. A phase first runs the load alone for
+WARMUP_S (connections opened, first requests, caches: counted in neither phase),
+then measures a window of `window_s`: in the attack phase the attacker runs from
+its own process for that long (`python -m proxy.testing.attacks`, CPU 1, nice +5
+so that it cannot starve the load's threads: its strength is what one core left
+over can send), and the window lasts until that process has exited, so its
+start-up (about half a second) and its closing of every socket at the end count;
+in the baseline no attack runs. A request counts in a window when it was due
+inside it, whenever it finished (what is still queued when the window ends is
+served, its wait counted, for up to TIMEOUT_S). Per pair the ratio is the attack
+window's p99 over the baseline window's p99; the target is on the median ratio of
+the pairs (min and max reported), success on all the attack windows' requests
+together. RATE (40 req/s, about 10% of the sidecar's core) does not load the
+sidecar itself, so a baseline's p99 is the load's own noise, not queueing.
+
+Per phase: normal requests answered 200 (share of those due), their p50/p99,
 /readyz failures (5 Hz), the sidecar's peak RSS (10 Hz from /proc) and its CPU
-(utime+stime over the phase, as % of one core), and the attacker's tally (what it
-sent and was answered). Targets (issue 13): success >= 99%, p99 <= 2x the
-no-attack p99, RSS <= 256 MiB, for every attack.
+(utime+stime over the window, as % of one core), and the attacker's tally (what it
+sent and was answered). Targets (issue 13): success >= 99%, median p99 <= 2x the
+paired no-attack p99, RSS <= 256 MiB, for every attack.
 
-    python -m bench.attacks [--quick] [--only NAME ...] [--out DIR]
+    python -m bench.attacks [--quick] [--only NAME ...] [--repeats N] [--out DIR]
 
-Full: 25 s of attack per phase (about 8 minutes in all); --quick: 3 s (about 2.5 minutes: a fresh sidecar
-per phase costs its start-up).
+Full: 15 s windows, 3 pairs per attack (about 2 minutes an attack, 25 in all);
+--quick: 3 s windows, 1 pair (about 20 s an attack: a fresh sidecar per phase costs
+its start-up).
 """
 
 from __future__ import annotations
@@ -48,15 +63,23 @@ NAME = "attacks"
 RATE = 40.0  # normal requests per second, all threads together
 WORKERS = 8  # threads, each with its own connection: half HTTP/1.1 keep-alive, half h2c
 TIMEOUT_S = 5.0
-LEAD_S = 1.0  # normal load alone before the attack starts
+WARMUP_S = 2.0  # normal load alone before a window opens; not counted
 SIDECAR_CPU, OTHER_CPU = 0, 1
+PIN = {"on": True}  # --no-pin: leave placement to the kernel (when another job has a core to itself)
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 RSS_LIMIT_MIB = 256.0
+READY_S = 60.0  # a start-up on a shared, busy core can take most of 20 s
+
+
+def quantile(values: list[float], p: float) -> float | None:
+    lat = sorted(values)
+    return lat[min(len(lat) - 1, int(p * len(lat)))] * 1000 if lat else None
 
 
 @dataclass
 class Phase:
-    name: str
+    name: str  # "baseline" or the attack's
+    pair: str  # the attack this phase is paired with
     sent: int = 0
     ok: int = 0
     latencies_s: list[float] = field(default_factory=list)
@@ -68,21 +91,18 @@ class Phase:
     attack: dict | None = None
 
     def figures(self) -> dict:
-        lat = sorted(self.latencies_s)
-
-        def q(p: float) -> float | None:
-            return lat[min(len(lat) - 1, int(p * len(lat)))] * 1000 if lat else None
-
         return {
+            "pair": self.pair,
             "sent": self.sent,
             "ok": self.ok,
             "success": self.ok / self.sent if self.sent else 0.0,
-            "p50_ms": q(0.50),
-            "p99_ms": q(0.99),
+            "p50_ms": quantile(self.latencies_s, 0.50),
+            "p99_ms": quantile(self.latencies_s, 0.99),
             "errors": dict(sorted(self.errors.items(), key=lambda kv: -kv[1])[:6]),
             "readyz_failures": self.readyz_failures,
             "peak_rss_mib": self.peak_rss_bytes / 2**20,
             "cpu_pct": 100 * self.cpu_s / self.wall_s if self.wall_s else 0.0,
+            "window_s": self.wall_s,
             "attack": self.attack,
         }
 
@@ -102,12 +122,17 @@ class Load:
 
     Latency counts from when a request was due, not from when a worker got to it: with
     every worker stuck behind a slow sidecar, the wait shows in the figures instead of
-    hiding as requests never sent (coordinated omission).
+    hiding as requests never sent (coordinated omission). Only requests due inside the
+    window [`opened`, `closed`) count; `close()` stops the schedule there and lets the
+    workers finish what was due (for up to TIMEOUT_S), so the end of a window is not
+    cut short.
     """
 
     def __init__(self, phase: Phase, url: str, admin: str, pid: int) -> None:
         self.phase, self.url, self.admin, self.pid = phase, url, admin, pid
-        self.stop = threading.Event()
+        self.opened = self.closed = float("inf")
+        self.stop = threading.Event()  # the schedule ends
+        self.quit = threading.Event()  # the workers end
         self.lock = threading.Lock()
         self.due: queue.Queue[float] = queue.Queue()
         self.threads = [
@@ -123,15 +148,30 @@ class Load:
             thread.start()
         return self
 
+    def open(self) -> None:
+        self.opened = time.monotonic()
+        self.phase.peak_rss_bytes = 0
+
+    def close(self) -> None:
+        self.closed = time.monotonic()
+        self.stop.set()
+        drain_until = self.closed + TIMEOUT_S + 1
+        while not self.due.empty() and time.monotonic() < drain_until:
+            time.sleep(0.05)
+
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
+        self.quit.set()
         for thread in self.threads:
             thread.join(TIMEOUT_S + 2)
         with self.lock:  # due but never started: the load generator could not keep up, or the sidecar could not
             while not self.due.empty():
-                self.due.get_nowait()
-                self.phase.sent += 1
-                self.phase.errors["not started"] = self.phase.errors.get("not started", 0) + 1
+                if self._counts(self.due.get_nowait()):
+                    self.phase.sent += 1
+                    self.phase.errors["not started"] = self.phase.errors.get("not started", 0) + 1
+
+    def _counts(self, due: float) -> bool:
+        return self.opened <= due < self.closed
 
     def _schedule(self) -> None:
         period, next_at = 1.0 / RATE, time.monotonic()
@@ -141,7 +181,7 @@ class Load:
 
     def _requests(self, h2: bool) -> None:
         with httpx.Client(http2=h2, http1=not h2, timeout=TIMEOUT_S, trust_env=False) as client:
-            while not self.stop.is_set():
+            while not self.quit.is_set():
                 try:
                     due = self.due.get(timeout=0.1)
                 except queue.Empty:
@@ -153,6 +193,8 @@ class Load:
                 except httpx.HTTPError as exc:
                     error = type(exc).__name__
                 took = time.monotonic() - due
+                if not self._counts(due):
+                    continue  # warm-up, or after the window
                 with self.lock:
                     self.phase.sent += 1
                     if error is None:
@@ -164,7 +206,7 @@ class Load:
     def _watch(self) -> None:
         with httpx.Client(timeout=TIMEOUT_S, trust_env=False) as client:
             tick = 0
-            while not self.stop.is_set():
+            while not self.quit.is_set():
                 self.phase.peak_rss_bytes = max(self.phase.peak_rss_bytes, rss(self.pid))
                 if tick % 2 == 0:
                     try:
@@ -175,11 +217,12 @@ class Load:
                         with self.lock:
                             self.phase.readyz_failures += 1
                 tick += 1
-                self.stop.wait(0.1)
+                self.quit.wait(0.1)
 
 
-def run_phase(name: str, pod: Proc, attack_s: float) -> Phase:
-    phase = Phase(name)
+def run_phase(name: str, pair: str, pod: Proc, window_s: float) -> Phase:
+    """A fresh sidecar, WARMUP_S of normal load alone, then a window of `window_s` with attack `name` (or none)."""
+    phase = Phase(name, pair)
     car_args = [
         "serve",
         "--listen",
@@ -191,93 +234,163 @@ def run_phase(name: str, pod: Proc, attack_s: float) -> Phase:
         "--log-level",
         "warning",
     ]
-    with Proc(car_args, cpu=SIDECAR_CPU, name="sidecar") as car:
+    with Proc(car_args, cpu=_cpu(SIDECAR_CPU), name="sidecar", ready_timeout_s=READY_S) as car:
         wait_ok(car.url("admin") + "/readyz")
         pid = car.popen.pid
-        cpu0, t0 = cpu_seconds(pid), time.monotonic()
-        with Load(phase, car.url(), car.url("admin"), pid):
-            time.sleep(LEAD_S)
+        with Load(phase, car.url(), car.url("admin"), pid) as load:
+            time.sleep(WARMUP_S)
+            cpu0, t0 = cpu_seconds(pid), time.monotonic()
+            load.open()
             if name == "baseline":
-                time.sleep(attack_s)
-            else:
-                phase.attack = attacker(name, car.addresses["data"], attack_s)
-        phase.cpu_s, phase.wall_s = cpu_seconds(pid) - cpu0, time.monotonic() - t0
+                time.sleep(window_s)
+            else:  # the window lasts until the attacker has exited: its start and its closing burst count
+                attack = subprocess.Popen(attacker_cmd(name, car.addresses["data"], window_s), **_PIPES)
+                phase.attack = tally(name, attack, window_s)
+            load.close()
+            phase.cpu_s, phase.wall_s = cpu_seconds(pid) - cpu0, load.closed - t0
         phase.peak_rss_bytes = max(phase.peak_rss_bytes, rss(pid))
     return phase
 
 
-def attacker(name: str, address: str, duration_s: float) -> dict:
-    """The attack in its own process (own GIL), on the load's CPU at a lower priority; its tally."""
+def _cpu(cpu: int) -> int | None:
+    """`cpu` when pinning (on by default, and where the machine has it), else None."""
+    return cpu if PIN["on"] and hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > cpu else None
+
+
+_PIPES: dict = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+
+
+def attacker_cmd(name: str, address: str, duration_s: float) -> list[str]:
+    """The attack in its own process (own GIL), on the load's CPU at a lower priority."""
     cmd = [sys.executable, "-m", "proxy.testing.attacks", name, "--target", address, "--duration-s", str(duration_s)]
-    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > OTHER_CPU:
+    if _cpu(OTHER_CPU) is not None:
         cmd = ["taskset", "-c", str(OTHER_CPU), *cmd]
-    done = subprocess.run(
-        ["nice", "-n", "5", *cmd], capture_output=True, text=True, timeout=duration_s + 60, env={**os.environ}
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        return {"name": name, "error": (done.stderr or done.stdout)[-500:]}
+    return ["nice", "-n", "5", *cmd]
+
+
+def tally(name: str, attack: subprocess.Popen, duration_s: float) -> dict:
+    try:
+        out, err = attack.communicate(timeout=duration_s + 60)
+    except subprocess.TimeoutExpired:
+        attack.kill()
+        out, err = attack.communicate()
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if attack.returncode != 0 or not lines:
+        return {"name": name, "error": (err or out)[-500:]}
     return json.loads(lines[-1])
 
 
 def main() -> int:
-    args = parse_args(NAME, __doc__, lambda p: p.add_argument("--only", nargs="*", choices=sorted(ATTACKS)))
-    attack_s = 3.0 if args.quick else 25.0
+    def options(p) -> None:
+        p.add_argument("--only", nargs="*", choices=sorted(ATTACKS))
+        p.add_argument("--repeats", type=int, default=None, help="pairs per attack (full 3, quick 1)")
+        p.add_argument("--no-pin", action="store_true", help="no CPU pinning (a core taken by another job)")
+
+    args = parse_args(NAME, __doc__, options)
+    window_s = 3.0 if args.quick else 15.0
+    repeats = args.repeats or (1 if args.quick else 3)
     names = args.only or sorted(ATTACKS)
-    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > OTHER_CPU:
+    PIN["on"] = not args.no_pin
+    if _cpu(OTHER_CPU) is not None:
         os.sched_setaffinity(0, {OTHER_CPU})
     pod_args = ["sim-pod", "--listen", "127.0.0.1:0", "--profile", "llm", "--speed", "20"]
     phases: list[Phase] = []
-    with Proc(pod_args, cpu=OTHER_CPU, name="sim-pod") as pod:
+    with Proc(pod_args, cpu=_cpu(OTHER_CPU), name="sim-pod", ready_timeout_s=READY_S) as pod:
         wait_ok(pod.url() + "/health")
-        for name in ["baseline", *names, "baseline"]:
-            phase = run_phase(name, pod, attack_s)
-            phases.append(phase)
-            f = phase.figures()
-            print(
-                f"{name:20s} ok {f['ok']}/{f['sent']} p99 {f['p99_ms'] or 0:.0f} ms rss {f['peak_rss_mib']:.0f} MiB "
-                f"cpu {f['cpu_pct']:.0f}% readyz-fail {f['readyz_failures']} attack {json.dumps(f['attack'])[:160]}",
-                flush=True,
-            )
-    return report(args, phases)
+        for name in names:
+            for r in range(repeats):
+                order = ["baseline", name] if r % 2 == 0 else [name, "baseline"]  # ABBA
+                for which in order:
+                    phase = run_phase(which, name, pod, window_s)
+                    phases.append(phase)
+                    f = phase.figures()
+                    print(
+                        f"{name:20s} {which:20s} ok {f['ok']}/{f['sent']} p99 {f['p99_ms'] or 0:.0f} ms "
+                        f"rss {f['peak_rss_mib']:.0f} MiB cpu {f['cpu_pct']:.0f}% readyz-fail {f['readyz_failures']} "
+                        f"attack {json.dumps(f['attack'])[:160]}",
+                        flush=True,
+                    )
+    return report(args, phases, window_s, repeats)
 
 
-def report(args, phases: list[Phase]) -> int:
-    runs = {f"{i:02d}_{p.name}": p.figures() for i, p in enumerate(phases)}
-    base = [p.figures() for p in phases if p.name == "baseline"]
-    base_p99 = statistics.mean(b["p99_ms"] for b in base if b["p99_ms"] is not None)
+def summarise(phases: list[Phase]) -> dict:
+    """One attack's pairs: the median (min, max) of the p99 ratios, pooled success, worst RSS."""
+    base = [p for p in phases if p.name == "baseline"]
+    hit = [p for p in phases if p.name != "baseline"]
+    ratios = []
+    for b, a in zip(base, hit, strict=True):
+        bp, ap = quantile(b.latencies_s, 0.99), quantile(a.latencies_s, 0.99)
+        ratios.append(ap / bp if ap is not None and bp else None)
+    valid = [r for r in ratios if r is not None]
+    sent, ok = sum(p.sent for p in hit), sum(p.ok for p in hit)
+    return {
+        "ratios": ratios,
+        "ratio_median": statistics.median(valid) if len(valid) == len(ratios) and valid else None,
+        "ratio_min": min(valid, default=None),
+        "ratio_max": max(valid, default=None),
+        "success": ok / sent if sent else 0.0,
+        "sent": sent,
+        "baseline_success": sum(p.ok for p in base) / max(1, sum(p.sent for p in base)),
+        "baseline_p99_ms": [quantile(p.latencies_s, 0.99) for p in base],
+        "attack_p99_ms": [quantile(p.latencies_s, 0.99) for p in hit],
+        "attack_p50_ms": statistics.median(quantile(p.latencies_s, 0.5) or 0 for p in hit),
+        "peak_rss_mib": max(p.peak_rss_bytes for p in hit) / 2**20,
+        "cpu_pct": statistics.median(p.figures()["cpu_pct"] for p in hit),
+        "readyz_failures": sum(p.readyz_failures for p in phases),
+        "attack": [p.attack for p in hit],
+    }
+
+
+def report(args, phases: list[Phase], window_s: float, repeats: int) -> int:
+    runs = {f"{i:02d}_{p.pair}_{p.name}": p.figures() for i, p in enumerate(phases)}
+    pairs = list(dict.fromkeys(p.pair for p in phases))
+    summary = {name: summarise([p for p in phases if p.pair == name]) for name in pairs}
+    runs["summary"] = summary
     targets = []
     rows = [
-        "| phase | normal ok | p50 ms | p99 ms | p99 / no-attack | readyz fails | peak RSS MiB | sidecar CPU | attacker sent | attacker answered |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| attack | normal ok | p50 ms | p99 ms no attack / attack, per pair | p99 ratio median (min-max) "
+        "| readyz fails | peak RSS MiB | sidecar CPU | attacker sent | attacker answered |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---|",
     ]
-    for p in phases:
-        f = p.figures()
-        ratio = f["p99_ms"] / base_p99 if f["p99_ms"] is not None and base_p99 else None
-        attack = f["attack"] or {}
+
+    def ms(values: list) -> str:
+        return ", ".join("-" if v is None else f"{v:.0f}" for v in values)
+
+    for name, s in summary.items():
+        attack = s["attack"][-1] or {}
         answered = ", ".join(
             f"{k} {v}" for k, v in sorted(attack.get("outcomes", {}).items(), key=lambda kv: -kv[1])[:3]
         )
+        ratio = s["ratio_median"]
+        spread = "-" if ratio is None else f"{ratio:.2f}x ({s['ratio_min']:.2f}-{s['ratio_max']:.2f})"
         rows.append(
-            f"| {p.name} | {100 * f['success']:.1f}% of {f['sent']} | {f['p50_ms'] or 0:.1f} | {f['p99_ms'] or 0:.1f} | "
-            f"{'-' if ratio is None else f'{ratio:.1f}x'} | {f['readyz_failures']} | {f['peak_rss_mib']:.0f} | "
-            f"{f['cpu_pct']:.0f}% | {attack.get('sent', '-')} | {answered or attack.get('error', '-')[:60]} |"
+            f"| {name} | {100 * s['success']:.1f}% of {s['sent']} | {s['attack_p50_ms']:.1f} | "
+            f"{ms(s['baseline_p99_ms'])} / {ms(s['attack_p99_ms'])} | {spread} | {s['readyz_failures']} | "
+            f"{s['peak_rss_mib']:.0f} | {s['cpu_pct']:.0f}% | {attack.get('sent', '-')} | "
+            f"{answered or str(attack.get('error', '-'))[:60]} |"
         )
-        if p.name == "baseline":
-            continue
         targets += [
-            target(f"{p.name}_success", f["success"], ">=", 0.99),
-            target(f"{p.name}_p99_over_no_attack", ratio, "<=", 2.0),
-            target(f"{p.name}_peak_rss_mib", f["peak_rss_mib"], "<=", RSS_LIMIT_MIB),
+            target(f"{name}_success", s["success"], ">=", 0.99),
+            target(f"{name}_p99_over_no_attack", ratio, "<=", 2.0),
+            target(f"{name}_peak_rss_mib", s["peak_rss_mib"], "<=", RSS_LIMIT_MIB),
         ]
     met = sum(t["met"] for t in targets)
+    base_ok = [s["baseline_success"] for s in summary.values()]
     markdown = "\n".join(
         [
             f"# bench.attacks ({'quick' if args.quick else 'full'})",
             "",
-            f"Normal load {RATE:g} req/s (half HTTP/1.1, half h2c) beside each attack; no-attack p99 {base_p99:.1f} ms "
-            f"(mean of the first and last baseline). Sidecar pinned to CPU {SIDECAR_CPU}; sim pod, load and attacker "
-            f"(nice +5) on CPU {OTHER_CPU}. Targets met: {met} of {len(targets)}.",
+            f"Normal load {RATE:g} req/s (half HTTP/1.1, half h2c). Per attack {repeats} pair(s) of a no-attack and "
+            f"an attack window of {window_s:g} s each, back to back (ABBA), fresh sidecar each, {WARMUP_S:g} s "
+            f"warm-up not counted; ratio = attack p99 / its pair's no-attack p99, median over the pairs. Baselines' "
+            f"success {100 * min(base_ok, default=0):.1f}% at worst. "
+            + (
+                f"Sidecar pinned to CPU {SIDECAR_CPU}; sim pod, load and attacker (nice +5) on CPU {OTHER_CPU}. "
+                if PIN["on"]
+                else "Not pinned (--no-pin); attacker at nice +5. "
+            )
+            + f"Load average at the end "
+            f"{os.getloadavg()[0]:.1f}. Targets met: {met} of {len(targets)}.",
             "",
             *rows,
         ]

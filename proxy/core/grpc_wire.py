@@ -135,6 +135,26 @@ def rejection(
     return 200, headers, b""
 
 
+def too_large(detail: str, content_type: bytes | None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The gRPC form of 413 (a request past listen.max_body_bytes): HTTP 200, trailers-only.
+
+    RESOURCE_EXHAUSTED is what a gRPC server says for a message past its receive limit
+    (grpc's own "Received message larger than max"); the pushback is -1, since the same
+    call sent again is as large. `detail`: the 413's own words (the limit in bytes);
+    `content_type`: the request's, echoed when it is a gRPC one."""
+    base = (content_type or b"").split(b";", 1)[0].strip().lower()
+    return (
+        200,
+        [
+            (_CONTENT_TYPE, base if base in CONTENT_TYPES else CONTENT_TYPES[0]),
+            (GRPC_STATUS, b"%d" % Code.RESOURCE_EXHAUSTED),
+            (GRPC_MESSAGE, percent_encode(f"rampmeter: {detail} (listen.max_body_bytes)")),
+            (RETRY_PUSHBACK_MS, b"-1"),
+        ],
+        b"",
+    )
+
+
 # Upstream failures: whether the call may be retried is the client's policy (its
 # retryableStatusCodes, the method's idempotency), as for the HTTP answer's x-should-retry.
 _CLIENTS_CALL = frozenset({wire.Reason.UPSTREAM_UNAVAILABLE, wire.Reason.UPSTREAM_TIMEOUT})

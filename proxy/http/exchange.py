@@ -52,7 +52,7 @@ from typing import Protocol
 
 import trio
 
-from proxy.core import request_ids, wire
+from proxy.core import grpc_wire, request_ids, wire
 from proxy.errors import BodyTooLarge, ClientGone, ProtocolError, RequestTimeout, ResponseCut
 from proxy.http.messages import Handler, Headers, Request, ResponseSink
 from proxy.http.patrol import Patrol
@@ -64,6 +64,7 @@ log = logging.getLogger("rampmeter.server")
 _TIMEOUT = wire.REQUEST_TIMEOUT_MS.encode()
 _GRPC_TIMEOUT = wire.GRPC_TIMEOUT.encode()
 _RID = wire.REQUEST_ID.encode()
+_CONTENT_TYPE = b"content-type"
 _bits = random.Random().getrandbits  # made request ids (128 random bits, as the edge draws them)
 _answers_log = RateLimitedLog(log)  # the connections' own answers: a client controls their rate
 
@@ -424,6 +425,9 @@ def answer(status: int, message: str) -> Handler:
             rid.decode("ascii"),
             message,
         )
+        if status == 413 and grpc_wire.is_grpc(ct := request.header(_CONTENT_TYPE)):
+            await sink.respond(*grpc_wire.too_large(message, ct))  # what a gRPC client reads (issue 17)
+            return
         await sink.respond(status, [*TEXT_PLAIN, (b"connection", b"close"), (_RID, rid)], body)
 
     return handler
@@ -435,6 +439,9 @@ async def _answer_problem(ctx: ServerContext, request: Request, sink: Sink, stat
         sink.abort()  # too late for a status: the client must see a broken response
         return
     try:
-        await sink.respond(status, [*TEXT_PLAIN, (_RID, rid)], f"{status} {message}\n".encode())
+        if status == 413 and grpc_wire.is_grpc(ct := request.header(_CONTENT_TYPE)):
+            await sink.respond(*grpc_wire.too_large(message, ct))  # what a gRPC client reads (issue 17)
+        else:
+            await sink.respond(status, [*TEXT_PLAIN, (_RID, rid)], f"{status} {message}\n".encode())
     except ClientGone:
         ctx.client_gone(request)

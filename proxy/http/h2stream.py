@@ -56,6 +56,7 @@ from proxy.core import wire
 from proxy.errors import ClientGone
 from proxy.http import h2frames
 from proxy.http.exchange import CLIENT_CLOSED, BufferedBody, answer, run_exchange
+from proxy.http.forward import request_trailers
 from proxy.http.h2rules import Malformed, RequestHead
 from proxy.http.messages import HOP_BY_HOP, Handler, Headers, Request, header_value
 
@@ -219,12 +220,18 @@ class PassingBody:
     window plus the chunk being uploaded. Without a content-length, the chunk's share of
     h2_body_bytes_per_connection is given back as it goes up (what counts is what is held). The
     bounds stay: listen.max_body_bytes on the whole body (413, or the stream reset once answered),
-    body_timeout_s between chunks and the request's deadline (H2Body._wait: RST_STREAM CANCEL)."""
+    body_timeout_s between chunks and the request's deadline (H2Body._wait: RST_STREAM CANCEL).
 
-    __slots__ = ("_body",)
+    `trailers`: the client's request trailers (a trailing HEADERS), as they go upstream
+    (`forward.request_trailers`), known once the iteration has ended; None if none came.
+    They cannot be given with the upstream stream's head, as a whole body's are: they
+    arrive after the last chunk, so the upload sends them in place of END_STREAM."""
+
+    __slots__ = ("_body", "trailers")
 
     def __init__(self, body: H2Body) -> None:
         self._body = body
+        self.trailers: Headers | None = None
 
     def __aiter__(self) -> PassingBody:
         return self
@@ -255,6 +262,9 @@ class PassingBody:
             if body._error is not None:
                 raise body._error
             if body.complete:
+                request = body.request  # TrailersReceived came before StreamEnded (h2server._dispatch)
+                if request is not None and request.trailers:
+                    self.trailers = request_trailers(request.trailers)
                 raise StopAsyncIteration
             await body._wait()
 

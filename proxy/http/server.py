@@ -17,6 +17,22 @@ request (or is HTTP/2) is the newcomer closed at once (counted as rejected).
 Thousands of stalled bodies then cost the attacker their own connections, not
 everyone else's.
 
+Fairness between established and new connections: the accept loop takes one
+connection, then lets ACCEPT_SPACING_PASSES scheduler passes go by before it takes
+the next (a pass runs every task that is ready: the established connections' reads,
+answers and upstream replies). A connection that is accepted costs work over its
+next few passes (its first read and parse, its handler starting, the victim it
+evicts answering 408 and closing): ~0.7 ms of CPU in all for a stalled body. Taken
+one per pass while connections keep arriving, that work was in every pass, and each
+of the many passes an established request goes through (read, admission, upstream
+send and reply, answer) waited for it. Spaced, each pass carries a fraction of it:
+what a waiting established request pays per pass shrinks by that factor, while the
+accept rate stays far above what a client needs (with nothing else ready, a pass is
+a few microseconds). nginx bounds accepts per event-loop pass the same way
+(`multi_accept off`); Envoy's overload manager stops accepting when the loop lags.
+The accept itself is the socket's own non-blocking accept(): trio's wrapper adds two
+scheduler passes and a context manager per connection, and the spacing yields anyway.
+
 The limit itself is held to the open-file limit at start (`fd_cap`): the data
 port's connections must leave descriptors for the upstream pool, the admin port
 and the process's own files, or at the limit accept() fails for every listener
@@ -50,6 +66,7 @@ from __future__ import annotations
 import errno
 import logging
 import resource
+import socket
 from dataclasses import dataclass
 
 import trio
@@ -74,6 +91,9 @@ _ACCEPT_RETRY_S = 0.1
 # (an h2 GOAWAY flushed, a head that was half sent completed and answered) before the cut.
 DRAIN_GRACE_S = 0.5
 _DRAIN_POLL_S = 0.05  # how often the drain looks at the in-flight count (a counter, not an event)
+# Scheduler passes between two accepts (module doc): each costs a few microseconds when
+# nothing else is ready, and bounds the share of a busy loop's passes that new connections take.
+ACCEPT_SPACING_PASSES = 2
 FD_BASE_RESERVE = 64  # listeners, log files, the dedup store, probes and GPU sampling: the process's own
 
 
@@ -290,10 +310,13 @@ class Server:
                 return
 
     async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        # The stdlib socket under trio's (trio offers no public accessor); a stand-in listener
+        # without one (tests) goes through trio's accept().
+        raw = getattr(listener.socket, "_sock", None)
         try:
             while True:
                 try:
-                    stream, peer = await _accept(listener)
+                    stream, peer = await (_accept(listener) if raw is None else _accept_now(raw))
                 except OSError as exc:
                     if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
                         raise
@@ -309,6 +332,8 @@ class Server:
                 self._open += 1
                 self._accepted += 1
                 nursery.start_soon(self._connection, stream, peer)
+                for _ in range(ACCEPT_SPACING_PASSES):  # established connections first (module doc)
+                    await trio.lowlevel.checkpoint()
         finally:
             listener.socket.close()  # from here on, connects are refused
 
@@ -393,6 +418,26 @@ async def _accept(listener: trio.SocketListener) -> tuple[trio.SocketStream, str
         else:
             peer = address[0] if isinstance(address, tuple) and address else ""
             return trio.SocketStream(sock), peer
+
+
+async def _accept_now(sock: socket.socket) -> tuple[trio.SocketStream, str]:
+    """The next connection from `sock` (the stdlib listening socket, non-blocking), without a scheduler pass when
+    one is waiting: the caller yields after each accept (ACCEPT_SPACING_PASSES). Same errno handling as `_accept`.
+    """
+    while True:
+        try:
+            conn, address = sock.accept()
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(sock)  # raises ClosedResourceError if the listener is closed meanwhile
+            continue
+        except OSError as exc:
+            if exc.errno in _CLOSED_ERRNOS:
+                raise trio.ClosedResourceError from None
+            if exc.errno not in _IGNORABLE_ACCEPT_ERRNOS:
+                raise
+            continue
+        peer = address[0] if isinstance(address, tuple) and address else ""
+        return trio.SocketStream(trio.socket.from_stdlib_socket(conn)), peer
 
 
 # As trio._highlevel_socket's: a closed listener, and a connection that died in the backlog.

@@ -485,6 +485,8 @@ class H2UpstreamConnection:
                     async for chunk in body:
                         if chunk:
                             await self._upload(s, chunk, False)
+                    # A body passed as it arrives knows its trailers only at its end (h2stream.PassingBody).
+                    trailers = trailers or getattr(body, "trailers", None)
                 if not (s.local_done or s.ended or s.reset or self.closed):
                     if trailers:
                         self._h2.send_headers(s.id, trailers, end_stream=True)

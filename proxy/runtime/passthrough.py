@@ -20,8 +20,11 @@ fingerprint needs the whole body) and not on a batching route. A call admitted s
 whose body did finish while it queued goes up as bytes after all (`settle`: one
 write with the head, no upload task).
 
-Not forwarded for such a call: request trailers (unknown when the upstream stream
-opens; gRPC clients send none). Everything else the request path does (deadline,
+Request trailers (gRPC clients send none, other h2 clients may) are unknown when the
+upstream stream opens; they arrive after the last DATA, and the upload sends them in
+place of END_STREAM (`PassingBody.trailers`). A request stream past
+listen.max_body_bytes is answered RESOURCE_EXHAUSTED while the upstream has not
+answered yet (grpc_wire.too_large), else reset. Everything else the request path does (deadline,
 admission slot held until the upstream's part is over, cancellation resetting the
 upstream stream, gRPC-shaped rejections) is unchanged.
 """

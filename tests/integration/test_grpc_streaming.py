@@ -128,7 +128,9 @@ def test_a_request_stream_past_max_body_bytes_is_ended_and_its_upstream_call_can
     message = b"x" * 65_536
     with pytest.raises(grpc.RpcError) as failed:
         gs.method(via, "ClientCount", "stream_unary")(iter([message] * (MAX_BODY // len(message) + 8)), timeout=20)
-    assert failed.value.code() is not grpc.StatusCode.OK
+    # The servicer answers a client stream only at its end: the sidecar's answer is still the first.
+    assert failed.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, failed.value
+    assert f"larger than {MAX_BODY} bytes" in failed.value.details()
     assert echo.servicer.calls > before, "the call was admitted and forwarded before the bound was reached"
     assert ping_pong(via, 2) == ([b"message-0", b"message-1"], grpc.StatusCode.OK), "the sidecar serves on"
 
@@ -161,3 +163,17 @@ def _eventually(check, timeout_s: float = 5.0) -> bool:
             return True
         time.sleep(0.02)
     return check()
+
+
+def test_a_unary_message_past_max_body_bytes_is_resource_exhausted_for_a_grpc_client(stack) -> None:
+    """Issue 17: a request past listen.max_body_bytes gets gRPC's answer (trailers-only, status 8), not an
+    HTTP 413 that grpcio shows as an opaque UNKNOWN/INTERNAL; the servicer never sees the call."""
+    echo, _, via = stack
+    before = echo.servicer.calls
+    with pytest.raises(grpc.RpcError) as failed:
+        gs.method(via, "Unary")(b"x" * (MAX_BODY + 1), timeout=20)
+    assert failed.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, failed.value
+    assert f"larger than {MAX_BODY} bytes" in failed.value.details()
+    assert "listen.max_body_bytes" in failed.value.details()
+    assert echo.servicer.calls == before, "a body read whole before admission never reached the servicer"
+    assert gs.method(via, "Unary")(b"small", timeout=10) == b"small", "the sidecar serves on"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import logging
 import resource
+import socket
 
 import pytest
 import trio
@@ -101,3 +102,27 @@ async def test_a_failed_connection_is_logged_with_its_peer(monkeypatch, caplog):
             assert await stream.receive_some(10) == b""
             nursery.cancel_scope.cancel()
     assert any("connection from 127.0.0.1 failed" in r.getMessage() for r in caplog.records)
+
+
+async def test_established_work_runs_between_accepts_of_a_backlog():
+    """Fairness (server module doc): with a backlog of connections to accept, every other ready task (here a
+    ticker standing in for established connections) gets ACCEPT_SPACING_PASSES turns between two accepts, so a
+    flood of new connections never fills the loop's passes; and the backlog is still all accepted."""
+    backlog = 40
+    server = Server(hello, Listen())
+    ticks = 0
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            address = await nursery.start(server.serve, "127.0.0.1:0")
+            host, port = address.rsplit(":", 1)
+            # Blocking connects, no await between them: the kernel queues all of them before the loop accepts one.
+            clients = [socket.create_connection((host, int(port))) for _ in range(backlog)]
+            accepted_before = server.statistics().connections_accepted
+            while server.statistics().connections_accepted < backlog:
+                await trio.lowlevel.cancel_shielded_checkpoint()  # one turn per scheduler pass
+                ticks += 1
+            nursery.cancel_scope.cancel()
+    for client in clients:
+        client.close()
+    assert accepted_before == 0
+    assert ticks >= server_module.ACCEPT_SPACING_PASSES * (backlog - 1)
