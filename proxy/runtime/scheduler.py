@@ -197,13 +197,9 @@ class Scheduler:
         deadline: float = math.inf,
         budget_ms: int | None = None,
         tenant: bytes = b"",
-        now: float | None = None,
     ) -> Ticket:
-        """The ticket for a request of `klass` (resolved already: `resolve_class`); `now`: the caller's
-        reading of the clock, when it has one (classify: the one its deadline is counted from)."""
-        return self.controller.ticket(
-            klass, cost, deadline, budget_ms, tenant, trio.current_time() if now is None else now
-        )
+        """The ticket for a request of `klass` (resolved already: `resolve_class`)."""
+        return self.controller.ticket(klass, cost, deadline, budget_ms, tenant, trio.current_time())
 
     def resolve_class(self, priority: bytes | str | None) -> str:
         """The class for an x-priority value; unknown values fall back to the default and are counted."""
