@@ -132,7 +132,8 @@ class CostEstimator:
         return cost
 
     def route_for(self, path: str) -> Any:
-        path = path.split("?", 1)[0]
+        if "?" in path:  # the request path passes Request.path: no query, no list built per request
+            path = path.split("?", 1)[0]
         for route in self._routes:
             if path.startswith(route.path_prefix):
                 return route
@@ -243,7 +244,8 @@ class UnmatchedPaths:
         self.by_source: dict[str, int] = {}
 
     def record(self, path: str, cost: Cost) -> None:
-        path = path.split("?", 1)[0]
+        if "?" in path:
+            path = path.split("?", 1)[0]
         if len(path) > MAX_PATH_CHARS:
             path = path[: MAX_PATH_CHARS - 3] + "..."
         costed_as = cost.route if cost.source is CostSource.SHAPE else cost.source.value

@@ -10,8 +10,13 @@ values above max_ms saturate into the top bucket.
 `WindowedQuantiles` keeps `sub_windows` slots of `window_s / sub_windows` seconds each,
 slot = floor(now / sub_s) mod n. A slot is a sparse {bucket: count} dict (latencies
 cluster, so a slot holds few buckets), and one dense `_total` list holds the sum of the
-live slots. Invariant: `_total[i] == sum(slot.get(i, 0) for live slots)`. Recording is
-O(1): one log, two increments. When time enters a new sub-window the slots older than
+live slots. Invariant: `_total[i] == sum(slot.get(i, 0) for live slots)`, once the pending
+samples are folded. Recording is O(1) and cheap: a sample within the newest sub-window (the
+usual case) is appended to `_pending` and folded (one log, two increments each) in batches of
+FOLD_EVERY, or before anything reads the buckets: a query that computes, a move to a new
+sub-window. Answers are exactly the unbatched ones: `count` adds the pending samples (they all
+belong to the newest slot), and a query served from its cache (`refresh_s`) reads no buckets,
+as before. When time enters a new sub-window the slots older than
 the window are subtracted from `_total` and dropped (O(buckets in the slot), once per
 sub-window). A query is a prefix sum and a bisection over `_total` (C loops over ~390
 ints); `refresh_s` > 0 caches answers for that long, so the arrival path pays it rarely.
@@ -65,6 +70,8 @@ class LogBuckets:
 
 
 DEFAULT_BUCKETS = LogBuckets()
+# Samples of the newest sub-window kept as plain values before they are bucketed (module doc).
+FOLD_EVERY = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,11 +107,26 @@ class WindowedQuantiles:
         self._head_slot: dict[int, int] = {}
         self._cache: dict[float, float | None] = {}
         self._cache_until = -math.inf
+        self._pending: list[float] = []  # samples of the head slot not yet bucketed (module doc)
+
+    def _fold(self) -> None:
+        """Bucket the pending samples into the head slot and the total."""
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        slot, total, index = self._head_slot, self._total, self.buckets.index
+        for value in pending:
+            i = index(value)
+            slot[i] = slot.get(i, 0) + 1
+            total[i] += 1
+        self._count += len(pending)
 
     def _advance(self, now: float) -> dict[int, int]:
         """The slot for `now`, after dropping slots that left the window."""
         if now < self._head_until:  # fast path, no division: surely within the newest sub-window (or late)
             return self._head_slot
+        self._fold()  # the pending samples belong to the head slot as it is now
         epoch = math.floor(now / self._sub_s)
         head = self._head
         if head is not None and epoch <= head:  # late samples count as current
@@ -131,6 +153,12 @@ class WindowedQuantiles:
         self._slot_epoch[i] = None
 
     def record(self, value_ms: float, now: float) -> None:
+        if now < self._head_until:  # within the newest sub-window: bucketed later, in a batch
+            pending = self._pending
+            pending.append(value_ms)
+            if len(pending) >= FOLD_EVERY:
+                self._fold()
+            return
         slot = self._advance(now)
         i = self.buckets.index(value_ms)
         slot[i] = slot.get(i, 0) + 1
@@ -139,7 +167,7 @@ class WindowedQuantiles:
 
     def count(self, now: float) -> int:
         self._advance(now)
-        return self._count
+        return self._count + len(self._pending)
 
     def quantile(self, q: float, now: float) -> float | None:
         """The q-quantile (0 < q <= 1) within the bucket error, or None with no samples.
@@ -149,6 +177,19 @@ class WindowedQuantiles:
         self._advance(now)
         if self.refresh_s and now < self._cache_until and q in self._cache:
             return self._cache[q]
+        return self._computed(q, now)
+
+    def quantile_if_counted(self, q: float, now: float, min_samples: int) -> float | None:
+        """`quantile`, or None while fewer than `min_samples` are in the window (one advance for both)."""
+        self._advance(now)
+        if self._count + len(self._pending) < min_samples:
+            return None
+        if self.refresh_s and now < self._cache_until and q in self._cache:
+            return self._cache[q]
+        return self._computed(q, now)
+
+    def _computed(self, q: float, now: float) -> float | None:
+        self._fold()
         result = None
         if self._count:
             rank = max(1, math.ceil(q * self._count))
@@ -168,13 +209,14 @@ class WindowedQuantiles:
     def __repr__(self) -> str:
         return (
             f"WindowedQuantiles(window_s={self.window_s}, sub_windows={self._n}, "
-            f"count={self._count}, head_epoch={self._head})"
+            f"count={self._count + len(self._pending)}, head_epoch={self._head})"
         )
 
 
 def cost_bucket(cost: int) -> int:
     """Power-of-two cost bucket: 0 -> 0, 1 -> 1, 2..3 -> 2, 4..7 -> 3, ..., capped at 40."""
-    return min(40, max(0, cost).bit_length())
+    bucket = cost.bit_length() if cost > 0 else 0  # per request: no min/max calls
+    return bucket if bucket < 40 else 40
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,9 +267,7 @@ class LatencyFamily:
     def quantile(self, key: object, q: float, now: float) -> float | None:
         """The key's q-quantile, or None while it has fewer than `min_samples` in its window."""
         tracker = self._trackers.get(key)
-        if tracker is None or tracker.count(now) < self.min_samples:
-            return None
-        return tracker.quantile(q, now)
+        return None if tracker is None else tracker.quantile_if_counted(q, now, self.min_samples)
 
     def tracker(self, key: object) -> WindowedQuantiles | None:
         return self._trackers.get(key)

@@ -43,18 +43,19 @@ class Observatory:
         self.policy = latency_policy
         self.families = {kind: shedding_policy.latency_family(latency_policy) for kind in KINDS}
         self.service = self.families["service"]
+        self._queue, self._end_to_end = self.families["queue"], self.families["end_to_end"]
 
     def record(self, ticket: Ticket, queue_ms: float, service_ms: float | None, now: float, key: object = None) -> None:
         """One request's waits; `key`: its service_key when the caller has it already."""
         key = service_key(ticket) if key is None else key
-        self.families["queue"].record(key, queue_ms, now)
+        self._queue.record(key, queue_ms, now)
         if service_ms is not None:
             self.service.record(key, service_ms, now)
-            self.families["end_to_end"].record(key, queue_ms + service_ms, now)
+            self._end_to_end.record(key, queue_ms + service_ms, now)
 
     def timeout_hint_ms(self, ticket: Ticket, now: float, fallback_ms: float, key: object = None) -> int:
         p = self.policy
-        p99 = self.families["end_to_end"].quantile(service_key(ticket) if key is None else key, 0.99, now)
+        p99 = self._end_to_end.quantile(service_key(ticket) if key is None else key, 0.99, now)
         return dl.timeout_hint_ms(
             fallback_ms if p99 is None else p99, p.timeout_hint_factor, p.timeout_hint_min_ms, p.timeout_hint_max_ms
         )
