@@ -123,16 +123,21 @@ upstream_metrics_path = "/metrics"
 upstream_metrics_interval_s = 0.1
 [limits]
 kind = "{kind}"
-initial_limit = 16
+initial_limit = {initial}
 min_limit = 1
-max_limit = 64
+max_limit = {max_limit}
 """
+
+
+def engine_policy(kind: str = "engine_queue", initial: int = 16, max_limit: int = 64) -> str:
+    """A policy whose limit reads the sim pod's engine gauges every 0.1 s."""
+    return ENGINE_QUEUE_POLICY.format(kind=kind, initial=initial, max_limit=max_limit)
 
 
 @pytest.mark.parametrize("kind", ["engine_queue", "gradient"])
 async def test_the_limit_comes_down_to_what_the_engine_runs_and_its_queue_stays_empty(tmp_path, kind):
     path = tmp_path / "policy.toml"
-    path.write_text(ENGINE_QUEUE_POLICY.format(kind=kind))
+    path.write_text(engine_policy(kind))
     with (
         sim_pod("--max-num-seqs", "4", profile="llm", speed=1.0) as pod,
         sidecar(pod.url(), policy=str(path)) as proxy,
@@ -151,23 +156,6 @@ async def test_the_limit_comes_down_to_what_the_engine_runs_and_its_queue_stays_
         assert latest["running"] is not None and latest["waiting"] is not None  # the engine's gauges, shown
 
 
-FRONTEND_POLICY = """
-[warmup]
-health_interval_s = 0.2
-[slow_start]
-window_s = 0.0
-[gpu]
-enabled = false
-upstream_metrics_path = "/metrics"
-upstream_metrics_interval_s = 0.1
-[limits]
-kind = "engine_queue"
-initial_limit = 4
-min_limit = 1
-max_limit = 16
-"""
-
-
 @pytest.mark.parametrize("spread", [0.0, 1.0])
 async def test_the_engine_queue_limit_leaves_room_for_what_the_servers_front_end_holds(tmp_path, spread):
     """vLLM's CPU build holds requests in its HTTP front end, outside the engine's gauges: the limit
@@ -178,7 +166,7 @@ async def test_the_engine_queue_limit_leaves_room_for_what_the_servers_front_end
     readings by hand in tests/core/test_engine_queue_transit.py; here the gauges are read every
     0.1 s, so even a limit that dropped to the batch would regrow within a few readings.)"""
     path = tmp_path / "policy.toml"
-    path.write_text(FRONTEND_POLICY)
+    path.write_text(engine_policy(initial=4, max_limit=16))
     with (
         sim_pod(
             "--max-num-seqs", "4", "--frontend-ms", "60", "--frontend-spread", str(spread), profile="llm", speed=1.0
@@ -198,29 +186,12 @@ async def test_the_engine_queue_limit_leaves_room_for_what_the_servers_front_end
         assert sum(waiting) / len(waiting) <= 3.0, (waiting, up)
 
 
-IDLE_POLICY = """
-[warmup]
-health_interval_s = 0.2
-[slow_start]
-window_s = 0.0
-[gpu]
-enabled = false
-upstream_metrics_path = "/metrics"
-upstream_metrics_interval_s = 0.1
-[limits]
-kind = "engine_queue"
-initial_limit = 6
-min_limit = 1
-max_limit = 64
-"""
-
-
 async def test_another_clients_queue_in_the_engine_does_not_cut_an_idle_sidecars_limit(tmp_path):
     """bench/real_servers runs direct clients beside the sidecar: their queue inside vLLM cut the
     engine_queue limit to the batch before every run through it (branch realcal3). The sidecar
     holds nothing here while 12 direct clients keep the engine's 4 sequences full and 8 waiting."""
     path = tmp_path / "policy.toml"
-    path.write_text(IDLE_POLICY)
+    path.write_text(engine_policy(initial=6))
     with (
         sim_pod("--max-num-seqs", "4", profile="llm", speed=1.0) as pod,
         sidecar(pod.url(), policy=str(path)) as proxy,
