@@ -38,6 +38,9 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from proxy.testing.procs import Proc
+from proxy.testing.stack import sidecar
+
 SERVICE = "test.Echo"
 
 
@@ -196,6 +199,28 @@ def serve(*, workers: int = 16, serving: bool = True, servicer: Servicer | None 
         yield echo
     finally:
         server.stop(grace=None).wait(5)
+
+
+@dataclass
+class Stack:
+    """The Echo server, the sidecar in front of it (h2c), and a channel to each."""
+
+    echo: Echo
+    car: Proc
+    direct: grpc.Channel
+    via: grpc.Channel
+
+
+@contextlib.contextmanager
+def through_sidecar(policy: str) -> Iterator[Stack]:
+    """`serve()` behind `rampmeter serve --upstream-protocol h2c` with the policy file `policy`."""
+    with serve() as echo, sidecar(echo.url, policy=policy, protocol="h2c") as car:
+        direct, via = channel(echo.target), channel(car.url("data").removeprefix("http://"))
+        try:
+            yield Stack(echo, car, direct, via)
+        finally:
+            direct.close()
+            via.close()
 
 
 def channel(target: str) -> grpc.Channel:

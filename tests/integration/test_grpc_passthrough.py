@@ -17,7 +17,6 @@ import grpc
 import pytest
 
 from proxy.testing import grpc_servicer as gs
-from proxy.testing.stack import sidecar
 
 POLICY = """
 [warmup]
@@ -34,11 +33,8 @@ window_s = 0
 def stack(tmp_path_factory):
     policy = Path(tmp_path_factory.mktemp("grpc")) / "policy.toml"
     policy.write_text(POLICY)
-    with gs.serve() as echo, sidecar(echo.url, policy=str(policy), protocol="h2c") as car:
-        direct, via = gs.channel(echo.target), gs.channel(car.url("data").removeprefix("http://"))
-        yield echo, car, direct, via
-        direct.close()
-        via.close()
+    with gs.through_sidecar(str(policy)) as s:
+        yield s.echo, s.car, s.direct, s.via
 
 
 def app_metadata(md) -> list[tuple[str, object]]:

@@ -23,7 +23,6 @@ import grpc
 import pytest
 
 from proxy.testing import grpc_servicer as gs
-from proxy.testing.stack import sidecar
 
 pytestmark = pytest.mark.integration
 
@@ -48,11 +47,8 @@ window_s = 0
 def stack(tmp_path_factory):
     policy = Path(tmp_path_factory.mktemp("grpc_streaming")) / "policy.toml"
     policy.write_text(POLICY)
-    with gs.serve() as echo, sidecar(echo.url, policy=str(policy), protocol="h2c") as car:
-        direct, via = gs.channel(echo.target), gs.channel(car.url("data").removeprefix("http://"))
-        yield echo, direct, via
-        direct.close()
-        via.close()
+    with gs.through_sidecar(str(policy)) as s:
+        yield s.echo, s.direct, s.via
 
 
 def ping_pong(ch: grpc.Channel, n: int) -> tuple[list[bytes], grpc.StatusCode]:
