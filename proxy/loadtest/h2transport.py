@@ -11,22 +11,16 @@ MAX_UNPROCESSED_RETRIES times, as the proxy's pool does (one resend lost 4% of r
 at 1,000 req/s against nginx's 100 requests per connection: every sender that lost
 a stream moved to the same new connection and the excess was refused again).
 
-The connections are the project's `H2UpstreamConnection` (whose HPACK coder remembers
-repeated header blocks, proxy/http/hpack_memo.py: a fifth of the generator's
-CPU against nginx) with one difference: h2 does not validate or normalise the
-target's response headers (`_GENERATOR_H2`).
-That check is a third of the generator's CPU per request against nginx, and a
-load generator measures the target rather than polices it. The switch reaches
-into `H2UpstreamConnection._h2`; it is a no-op if that attribute ever goes away (the
-generator is then slower, never wrong). Asked of upstream_h2.py: a public
-`config` argument, so this needs no private attribute.
+The connections are the project's `H2UpstreamConnection`: its HPACK coder remembers
+repeated header blocks (proxy/http/hpack_memo.py: a fifth of the generator's CPU
+against nginx), and h2's own inbound header validation is off there (h2rules checks a
+response head in one pass; h2's check was a third of the generator's CPU per request).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import h2.config
 import trio
 
 from proxy.errors import UpstreamError
@@ -36,26 +30,6 @@ from proxy.loadtest.shapes import Shape
 from proxy.loadtest.target import IDEMPOTENCY_KEY, Target, prepare
 
 MAX_H2_CONNECTIONS = 64
-
-
-_GENERATOR_H2 = h2.config.H2Configuration(
-    client_side=True,
-    header_encoding=None,
-    validate_outbound_headers=False,
-    normalize_outbound_headers=False,
-    validate_inbound_headers=False,
-    normalize_inbound_headers=False,
-)
-
-
-class _GeneratorConnection(H2UpstreamConnection):
-    """`H2UpstreamConnection` with inbound header validation off (module doc)."""
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        machine = getattr(self, "_h2", None)
-        if machine is not None and not machine.streams:  # before any stream takes a copy of the config
-            machine.config = _GENERATOR_H2
 
 
 class _H2Session:
@@ -123,7 +97,7 @@ class H2Transport:
     async def _open(self) -> H2UpstreamConnection:
         self._opening = True
         try:
-            conn = await _GeneratorConnection.open(
+            conn = await H2UpstreamConnection.open(
                 self.host, self.port, nursery=self._nursery, label=self.label, on_change=self._changed
             )
         finally:
