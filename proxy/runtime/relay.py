@@ -164,24 +164,18 @@ async def forward(
                 # are: Request.deadline): _relay checks the clock before a single write, and holds a
                 # scope only around a streamed answer.
                 write_by = deadline if deadline is not None and request.http_version == "2" else None
-                if request.trailers:
-                    return await _exchange(
-                        pool,
-                        upstream,
-                        request,
-                        headers,
-                        body,
-                        sink,
-                        extra_headers,
-                        finished,
-                        deadline=bound,
-                        write_by=write_by,
-                    )
-                # _exchange inlined for the usual request (no trailers): one coroutine layer fewer
-                async with pool.request(upstream, request.method, request.target, headers, body, bound) as resp:
-                    out_headers = fwd.response_headers(resp.headers, resp.http_version)
-                    out_headers += extra_headers
-                    return await _relay(resp, sink, out_headers, finished, write_by)
+                return await _exchange(
+                    pool,
+                    upstream,
+                    request,
+                    headers,
+                    body,
+                    sink,
+                    extra_headers,
+                    finished,
+                    deadline=bound,
+                    write_by=write_by,
+                )
             with trio.fail_at(bound):
                 return await _exchange(pool, upstream, request, headers, body, sink, extra_headers, finished)
         elif deadline is not None and deadline <= cap:
