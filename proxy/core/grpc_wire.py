@@ -143,16 +143,17 @@ def too_large(detail: str, content_type: bytes | None) -> tuple[int, list[tuple[
     call sent again is as large. `detail`: the 413's own words (the limit in bytes);
     `content_type`: the request's, echoed when it is a gRPC one."""
     base = (content_type or b"").split(b";", 1)[0].strip().lower()
-    return (
-        200,
-        [
-            (_CONTENT_TYPE, base if base in CONTENT_TYPES else CONTENT_TYPES[0]),
-            (GRPC_STATUS, b"%d" % Code.RESOURCE_EXHAUSTED),
-            (GRPC_MESSAGE, percent_encode(f"rampmeter: {detail} (listen.max_body_bytes)")),
-            (RETRY_PUSHBACK_MS, b"-1"),
-        ],
-        b"",
-    )
+    return 200, [(_CONTENT_TYPE, base if base in CONTENT_TYPES else CONTENT_TYPES[0]), *too_large_status(detail)], b""
+
+
+def too_large_status(detail: str) -> list[tuple[bytes, bytes]]:
+    """The status fields of `too_large`: alone, they are the trailers that end a response already
+    started (a bidi call whose replies were flowing when its request stream passed the limit)."""
+    return [
+        (GRPC_STATUS, b"%d" % Code.RESOURCE_EXHAUSTED),
+        (GRPC_MESSAGE, percent_encode(f"rampmeter: {detail} (listen.max_body_bytes)")),
+        (RETRY_PUSHBACK_MS, b"-1"),
+    ]
 
 
 # Upstream failures: whether the call may be retried is the client's policy (its

@@ -8,6 +8,8 @@ into an answer on the wire:
     returned, response complete          -> nothing to do
     raised BodyTooLarge / RequestTimeout
       / ProtocolError                     -> 413 / 408 / 400 if nothing was sent
+                                             (BodyTooLarge with a gRPC response under way
+                                             on HTTP/2: RESOURCE_EXHAUSTED in its trailers)
     raised anything else, or returned
       without finishing                  -> 500 if nothing was sent, else abort
     client gone (scope cancelled)        -> nothing can be said; stop
@@ -433,9 +435,24 @@ def answer(status: int, message: str) -> Handler:
     return handler
 
 
+def _trailers_can_say_so(request: Request, sink: Sink) -> bool:
+    """A started response whose status its trailers can still carry: gRPC over HTTP/2 (an HTTP/1.1
+    client that did not send `te: trailers` would get a body that ends as if complete: it is cut)."""
+    return not sink.finished and request.http_version == "2" and grpc_wire.is_grpc(request.header(_CONTENT_TYPE))
+
+
 async def _answer_problem(ctx: ServerContext, request: Request, sink: Sink, status: int, message: str) -> None:
     rid = request_id(request)  # the 408's line (run_exchange) named the same one
     if sink.headers_sent:
+        if status == 413 and _trailers_can_say_so(request, sink):
+            # A gRPC call's status can still go in its trailers: a bidi call whose replies had started when its request
+            # stream passed the limit ends RESOURCE_EXHAUSTED, as a servicer's own receive limit ends
+            # it, not reset (which grpcio shows as INTERNAL). Issue 17, docs/grpc.md.
+            try:
+                await sink.trailers(grpc_wire.too_large_status(message))
+            except ClientGone:
+                ctx.client_gone(request)
+            return
         sink.abort()  # too late for a status: the client must see a broken response
         return
     try:

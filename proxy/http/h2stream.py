@@ -219,7 +219,8 @@ class PassingBody:
     the client sends no faster than the upstream reads, and one stream holds at most its receive
     window plus the chunk being uploaded. Without a content-length, the chunk's share of
     h2_body_bytes_per_connection is given back as it goes up (what counts is what is held). The
-    bounds stay: listen.max_body_bytes on the whole body (413, or the stream reset once answered),
+    bounds stay: listen.max_body_bytes on the whole body (413; once answering, a gRPC call's
+    trailers say RESOURCE_EXHAUSTED and anything else is reset: exchange._answer_problem),
     body_timeout_s between chunks and the request's deadline (H2Body._wait: RST_STREAM CANCEL).
 
     `trailers`: the client's request trailers (a trailing HEADERS), as they go upstream

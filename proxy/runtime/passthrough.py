@@ -23,8 +23,9 @@ write with the head, no upload task).
 Request trailers (gRPC clients send none, other h2 clients may) are unknown when the
 upstream stream opens; they arrive after the last DATA, and the upload sends them in
 place of END_STREAM (`PassingBody.trailers`). A request stream past
-listen.max_body_bytes is answered RESOURCE_EXHAUSTED while the upstream has not
-answered yet (grpc_wire.too_large), else reset. Everything else the request path does (deadline,
+listen.max_body_bytes is answered RESOURCE_EXHAUSTED: trailers-only while the upstream
+has not answered yet (grpc_wire.too_large), else in trailers after the replies already
+relayed (grpc_wire.too_large_status, proxy/http/exchange.py); the upstream call is reset. Everything else the request path does (deadline,
 admission slot held until the upstream's part is over, cancellation resetting the
 upstream stream, gRPC-shaped rejections) is unchanged.
 """

@@ -136,6 +136,7 @@ class PeerStream:
         self.status = 0
         self.headers: Headers = []
         self.chunks: list[bytes] = []
+        self.trailers: Headers | None = None
         self.ended = False
         self.reset_code: int | None = None
 
@@ -255,6 +256,8 @@ class H2Peer:
                 stream.chunks.append(event.data)
                 if self.auto_ack and event.flow_controlled_length:
                     self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.TrailersReceived) and stream:
+                stream.trailers = list(event.headers)
             elif isinstance(event, h2.events.StreamEnded) and stream:
                 stream.ended = True
             elif isinstance(event, h2.events.StreamReset) and stream:

@@ -173,3 +173,34 @@ def test_a_unary_message_past_max_body_bytes_is_resource_exhausted_for_a_grpc_cl
     assert "listen.max_body_bytes" in failed.value.details()
     assert echo.servicer.calls == before, "a body read whole before admission never reached the servicer"
     assert gs.method(via, "Unary")(b"small", timeout=10) == b"small", "the sidecar serves on"
+
+
+def test_a_bidi_stream_past_max_body_bytes_after_its_reply_started_is_resource_exhausted(stack) -> None:
+    """The response had started (the servicer echoed the first messages) when the request stream passed
+    listen.max_body_bytes: the client still gets gRPC's answer, RESOURCE_EXHAUSTED in trailers after the
+    replies it had, not a reset (RST_STREAM INTERNAL, which grpcio shows as INTERNAL); the upstream call is
+    cancelled and the sidecar serves on."""
+    echo, _, via = stack
+    before = echo.servicer.cancelled
+    message = b"y" * 65_536
+    first_reply: queue.Queue[None] = queue.Queue()
+
+    def requests():
+        yield message
+        first_reply.get(timeout=10)  # the response has started: its head and a reply are on the wire
+        yield from [message] * (MAX_BODY // len(message) + 8)
+
+    call = gs.method(via, "Bidi", "stream_stream")(requests(), timeout=20)
+    replies = 0
+    with pytest.raises(grpc.RpcError) as failed:
+        for reply in call:
+            assert reply == message
+            replies += 1
+            if replies == 1:
+                first_reply.put(None)
+    assert failed.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, failed.value
+    assert f"larger than {MAX_BODY} bytes" in failed.value.details()
+    assert "listen.max_body_bytes" in failed.value.details()
+    assert 1 <= replies <= MAX_BODY // len(message), replies
+    assert _eventually(lambda: echo.servicer.cancelled > before), "the upstream call was cancelled"
+    assert ping_pong(via, 2) == ([b"message-0", b"message-1"], grpc.StatusCode.OK), "the sidecar serves on"

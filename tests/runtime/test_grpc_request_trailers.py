@@ -15,6 +15,7 @@ from __future__ import annotations
 import trio
 
 from proxy.core import grpc_wire
+from proxy.policy.schema import Listen
 from proxy.runtime.relay import forward
 from tests.runtime.test_server_h2 import LIMITS
 from tests.runtime.test_server_h2 import connection as h2_connection
@@ -102,3 +103,51 @@ async def test_a_plain_request_announcing_a_body_past_max_body_bytes_is_still_41
         sid = await peer.request(b"/v1/x", method=b"POST", headers=headers, end=False)
         await peer.until(lambda: peer.streams[sid].ended)
         assert peer.streams[sid].status == 413
+
+
+def _answers_then_reads(content_type: bytes, reply: bytes):
+    """A handler whose response starts (head and `reply`) before it reads the request body whole."""
+
+    async def handler(request, sink) -> None:
+        await sink.start(200, [(b"content-type", content_type)])
+        await sink.send(reply)
+        await request.body.read_all()  # the body passes max_body_bytes: BodyTooLarge
+        raise AssertionError("the body was larger than the limit")
+
+    return handler
+
+
+SMALL = Listen(max_body_bytes=100_000, max_concurrent_streams=4)  # within the stream's first window
+
+
+async def _past_the_limit(peer, sid: int) -> None:
+    for _ in range(SMALL.max_body_bytes // 16_384 + 1):
+        await peer.send(sid, b"z" * 16_384)
+    await peer.until(lambda: peer.streams[sid].ended or peer.streams[sid].reset_code is not None)
+
+
+async def test_a_grpc_stream_past_max_body_bytes_after_its_response_started_ends_resource_exhausted(autojump_clock):
+    """The head went out, so no trailers-only answer is possible: the status goes in trailers after what was
+    sent (here half a message: grpc-core reports the trailers' status even so), and the client is then asked
+    to stop sending (RST_STREAM NO_ERROR), as for any answer that came before the request's end."""
+    half = grpc_wire.frame(b"a reply")[:6]
+    async with h2_connection(_answers_then_reads(b"application/grpc", half), SMALL) as (peer, _, _, _):
+        sid = await peer.request(b"/test.Echo/Bidi", method=b"POST", headers=GRPC, end=False)
+        await _past_the_limit(peer, sid)
+        answer = peer.streams[sid]
+        assert answer.status == 200 and answer.body == half and answer.ended
+        trailers = dict(answer.trailers or [])
+        assert trailers[b"grpc-status"] == b"8"
+        assert b"larger than %d bytes" % SMALL.max_body_bytes in trailers[b"grpc-message"]
+        assert trailers[b"grpc-retry-pushback-ms"] == b"-1"
+        assert b"content-type" not in trailers  # a trailer section carries no head fields
+        await peer.until(lambda: answer.reset_code is not None)
+        assert answer.reset_code == 0  # NO_ERROR: stop sending, the answer is complete
+
+
+async def test_a_plain_stream_past_max_body_bytes_after_its_response_started_is_still_reset(autojump_clock):
+    async with h2_connection(_answers_then_reads(b"text/plain", b"partial"), SMALL) as (peer, _, _, _):
+        sid = await peer.request(b"/v1/x", method=b"POST", end=False)
+        await _past_the_limit(peer, sid)
+        assert peer.streams[sid].reset_code == 2  # INTERNAL_ERROR: an HTTP client must see a broken response
+        assert peer.streams[sid].trailers is None
