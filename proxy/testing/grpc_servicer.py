@@ -15,7 +15,8 @@ Methods of `test.Echo` (all bytes in, bytes out):
   flow-control windows).
 - Fail: aborts INVALID_ARGUMENT with details and binary trailing metadata.
 - Sleep: the request is milliseconds to sleep (until the call's own deadline
-  or its cancellation, which is counted in `Servicer.cancelled`).
+  or its cancellation, which is counted in `Servicer.cancelled`); trailing
+  metadata `x-slept-ms` says how long.
 - SlowStream: a message every N ms (the request) until the client cancels (counted).
 - Bidi: each request message back as it comes (a call that ends before the client's
   stream did is counted as cancelled).
@@ -97,6 +98,7 @@ class Servicer:
                     self._cancelled()
                     return b""
                 time.sleep(min(0.005, max(0.0, until - time.monotonic())))
+            context.set_trailing_metadata((("x-slept-ms", request.decode("ascii") or "0"),))
             return b"slept"
         finally:
             if held is not None:

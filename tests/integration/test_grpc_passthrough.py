@@ -10,6 +10,7 @@ its own `via`, `x-request-id` and `x-rampmeter-*` entries, which are left out of
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -169,3 +170,25 @@ def _eventually(check, timeout_s: float = 5.0) -> bool:
             return True
         time.sleep(0.02)
     return check()
+
+
+def test_a_coalesced_follower_gets_the_leaders_trailers(stack) -> None:
+    """Two calls with one idempotency-key at once: the second follows the first's exchange (one call
+    upstream) and gets the same messages, status and trailing metadata."""
+    echo, _, _, via = stack
+    sleep = gs.method(via, "Sleep")
+    key = (("idempotency-key", f"grpc-coalesce-{time.monotonic_ns()}"),)
+    calls = echo.servicer.calls
+    seen: dict[str, tuple] = {}
+
+    def call(name: str) -> None:
+        response, c = sleep.with_call(b"600", metadata=key, timeout=10)
+        seen[name] = (response, c.code(), app_metadata(c.trailing_metadata()))
+
+    leader = threading.Thread(target=call, args=("leader",))
+    leader.start()
+    assert _eventually(lambda: echo.servicer.calls > calls), "the leader's call reached the servicer"
+    call("follower")  # while the leader's call sleeps upstream
+    leader.join()
+    assert echo.servicer.calls == calls + 1, "the follower was not run upstream"
+    assert seen["follower"] == seen["leader"] == (b"slept", grpc.StatusCode.OK, [("x-slept-ms", "600")])

@@ -1,12 +1,15 @@
 """What a grpcio client sees of each sidecar rejection (issue 17): the right StatusCode, the reason,
 and grpc-retry-pushback-ms honoured by a gRPC retry policy.
 
-Three sidecars in front of real grpcio servers on 127.0.0.1:
+Sidecars in front of real grpcio servers on 127.0.0.1:
 - `tight`: one upstream slot, a queue of one, a tenant quota of one call, and a
   5 s service-time prior on /test.Echo/Big (so a 1 s deadline is unmeetable);
 - `cold`: its upstream's gRPC health says NOT_SERVING, so it is not ready;
 - `gone`: ready by an HTTP health URL on another port, but nothing listens on
-  the gRPC port (502 upstream_unavailable).
+  the gRPC port (502 upstream_unavailable);
+- one whose upstream timeout_s is 0.5 s (504 upstream_timeout);
+- two overloaded ones (a slot and a queue held), whose pushbacks a 10 ms-backoff retry
+  policy must wait: the class queue's bound and the shedder's queue_length rule.
 """
 
 from __future__ import annotations
@@ -249,3 +252,114 @@ def test_a_draining_replica_is_unavailable_with_a_pushback(tmp_path) -> None:
     assert err.code() is grpc.StatusCode.UNAVAILABLE
     assert trailing(err)["x-rampmeter-reason"] == "draining"
     assert int(trailing(err)["grpc-retry-pushback-ms"]) > 0
+
+
+def test_a_deadline_that_passes_in_the_queue_is_deadline_exceeded(tight) -> None:
+    """deadline_expired: admitted to the queue (meetable when it came), its budget ran out while the slot
+    was held. The budget is x-request-timeout-ms metadata, shorter than the client's own 10 s deadline, so
+    it is the sidecar's answer the client reads, not its own timer's."""
+    echo, _, ch = tight
+    sleep, unary = gs.method(ch, "Sleep"), gs.method(ch, "Unary")
+    holder = threading.Thread(target=lambda: sleep(b"1500", timeout=10, metadata=tenant("expiry-hold")))
+    holder.start()
+    time.sleep(0.2)  # the holder has the one slot
+    calls = echo.servicer.calls
+    started = time.monotonic()
+    err = failure(unary, b"x", timeout=10, metadata=(*tenant("expiry"), ("x-request-timeout-ms", "500")))
+    waited = time.monotonic() - started
+    holder.join()
+    assert err.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert trailing(err)["x-rampmeter-reason"] == "deadline_expired"
+    assert trailing(err)["grpc-retry-pushback-ms"] == "-1"
+    assert waited >= 0.4, waited  # it waited in the queue for its 500 ms budget
+    assert echo.servicer.calls == calls, "the expired call never reached the servicer"
+
+
+def test_an_upstream_past_its_timeout_s_is_deadline_exceeded_and_cancelled(tmp_path) -> None:
+    """upstream_timeout (504 for HTTP): the upstream's timeout_s passed; the upstream call is reset."""
+    with gs.serve() as echo:
+        text = f'{TIGHT}\n[[upstreams]]\nurl = "{echo.url}"\nprotocol = "h2c"\ntimeout_s = 0.5\n'
+        with sidecar(echo.url, policy=write(tmp_path, "p.toml", text), protocol="h2c") as car:
+            ch = gs.channel(address(car))
+            before = echo.servicer.cancelled
+            started = time.monotonic()
+            err = failure(gs.method(ch, "Sleep"), b"3000", timeout=10, metadata=tenant("slow"))
+            waited = time.monotonic() - started
+            ch.close()
+            assert _eventually(lambda: echo.servicer.cancelled > before), "the upstream call was cancelled"
+    assert err.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert trailing(err)["x-rampmeter-reason"] == "upstream_timeout"
+    assert "grpc-retry-pushback-ms" not in trailing(err), "whether to retry is the client's policy"
+    assert 0.4 <= waited < 2.5, waited
+
+
+# Overload with every pushback in [500, 600] ms: a retry policy whose own backoff is 10 ms that still takes
+# 1 s or more for three attempts waited the sidecar's pushback. Two overload answers: the class queue's
+# bound (class_queue_full) and the shedder's queue_length rule (queue_full), each with its policy.
+OVERLOADED = """
+[warmup]
+health_check = "grpc"
+health_interval_s = 0.2
+
+[slow_start]
+window_s = 0
+
+[limits]
+kind = "fixed"
+initial_limit = 1
+min_limit = 1
+max_limit = 1
+
+[tenants]
+enabled = false
+
+[classes.interactive]
+max_queue_length = {queue}
+
+[shedding]
+rules = {rules}
+max_queued_requests = 1
+retry_after_min_ms = 500
+retry_after_max_ms = 600
+"""
+
+
+@pytest.mark.parametrize(
+    ("reason", "queue", "rules"), [("class_queue_full", 1, "[]"), ("queue_full", 64, '["queue_length"]')]
+)
+def test_an_overload_pushback_is_honoured_by_a_retry_policy(tmp_path, reason, queue, rules) -> None:
+    text = OVERLOADED.format(queue=queue, rules=rules)
+    with gs.serve() as echo, sidecar(echo.url, policy=write(tmp_path, "p.toml", text), protocol="h2c") as car:
+        plain = gs.channel(address(car))
+        sleep = gs.method(plain, "Sleep")
+        holders = [threading.Thread(target=lambda: sleep(b"3500", timeout=10)) for _ in range(2)]
+        for t in holders:  # one holds the slot, one waits in the queue: the next call is refused
+            t.start()
+            time.sleep(0.2)
+        before = rejections(car, reason)
+        retrying = grpc.insecure_channel(
+            address(car), options=[("grpc.enable_retries", 1), ("grpc.service_config", RETRYING)]
+        )
+        started = time.monotonic()
+        err = failure(gs.method(retrying, "Unary"), b"x", timeout=20)
+        elapsed = time.monotonic() - started
+        retrying.close()
+        attempts = rejections(car, reason) - before
+        for t in holders:
+            t.join()
+        plain.close()
+    assert err.code() is grpc.StatusCode.UNAVAILABLE
+    assert trailing(err)["x-rampmeter-reason"] == reason
+    assert 500 <= int(trailing(err)["grpc-retry-pushback-ms"]) <= 600
+    assert attempts == 3, "three attempts reached the sidecar"
+    # two waits of at least 500 ms, not of the policy's own 10 ms backoff
+    assert elapsed >= 0.95, f"the retries came after {elapsed:.3f}s: the pushback was not honoured"
+
+
+def _eventually(check, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()

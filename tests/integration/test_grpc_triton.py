@@ -7,10 +7,12 @@ tritonclient sends them, plus the standard gRPC health service the policy asks.
 
 from __future__ import annotations
 
+import time
 from concurrent import futures
 from pathlib import Path
 
 import grpc
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
@@ -123,3 +125,42 @@ def test_an_unknown_model_is_the_same_error_through_the_sidecar(kserve) -> None:
         seen.append((info.value.status(), info.value.message()))
     assert seen[0] == seen[1]
     assert seen[0][0] == "StatusCode.NOT_FOUND"
+
+
+def test_a_model_infer_warm_up_probe_from_a_body_file(tmp_path) -> None:
+    """The shipped policy with its commented probe switched on: body_file holds a serialized
+    ModelInferRequest written as docs/grpc.md shows, the sidecar frames it and calls ModelInfer before
+    it is ready, and a probe answered with an error status keeps it out of service."""
+    servicer = KServe()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    checker = health.HealthServicer()
+    checker.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        for model, ready in ((MODEL, True), ("nope", False)):
+            request = service_pb2.ModelInferRequest(model_name=model)
+            request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])
+            request.raw_input_contents.append(np.ones((1, 4), np.float32).tobytes())
+            probe = tmp_path / f"{model}.bin"
+            probe.write_bytes(request.SerializeToString())
+            policy = tmp_path / f"{model}.toml"
+            policy.write_text(
+                POLICY.read_text().replace("[scheduling]", "[slow_start]\nwindow_s = 0\n\n[scheduling]", 1)
+                + '\n[[warmup.probes]]\nname = "infer"\ngrpc = true\n'
+                + 'path = "/inference.GRPCInferenceService/ModelInfer"\n'
+                + f'body_file = "{probe}"\ncount = 6\n'
+            )
+            before = servicer.infers
+            with sidecar(f"http://127.0.0.1:{port}", policy=str(policy), protocol="h2c", ready=ready) as car:
+                if ready:
+                    assert servicer.infers - before >= 3, (
+                        "the probes were ModelInfer calls (warmup.stable_last_n of them at least)"
+                    )
+                else:
+                    time.sleep(1.0)  # the probe's verdict is in: NOT_FOUND
+                    assert httpx.get(car.url("admin") + "/readyz", timeout=5).status_code == 503
+    finally:
+        server.stop(grace=None).wait(5)
