@@ -25,14 +25,17 @@ proxy. Configurations are interleaved (direct, sidecar, direct, sidecar, ...).
   rejected attempts the client retried (the sidecar's rejections minus the calls that ended
   rejected, over the sidecar's rejections). The same offered load direct, beside it, and
   through the sidecar by clients without a retry policy (what the retries themselves cost).
-- `--triton` (or `--triton-only`): a real Triton, the PyTriton recipe of ../shared/servers
-  (bench/grpc/triton.py; Triton 2.51, KServe v2 gRPC on :8001, model "tiny" with dynamic
-  batching up to 16), called with ModelInfer: identical results by tritonclient[grpc] direct and
-  through the sidecar (model metadata, outputs, an unknown model's status and message) with
-  policies/triton-grpc.toml; the added p50/p99 at TRITON_RATE calls/s (10 ms per batch); and the
-  overload case as above at 200 ms per batch (capacity 16 / 0.2 s = 80 calls/s, 160 offered),
-  the sidecar's limit two batches. Triton keeps computing calls whose client gave up, so each
-  overload case first waits until Triton has nothing pending (`triton.wait_idle`).
+- `--triton`, `--mlserver` (with `--triton-only`: those alone; `--triton-only` by itself is
+  PyTriton): real KServe v2 servers from the recipes of ../shared/servers (bench/grpc/triton.py):
+  Triton 2.51 in PyTriton (KServe v2 gRPC on :8001, gRPC health) and MLServer 1.7.1 (:8081, no
+  gRPC health: the sidecar asks its HTTP /v2/health/ready on :8080, the policy's other choice),
+  model "tiny" with batches up to 16, called with ModelInfer: identical results by
+  tritonclient[grpc] direct and through the sidecar (model metadata, outputs, an unknown model's
+  status and message) with policies/triton-grpc.toml; the added p50/p99 at TRITON_RATE calls/s
+  (10 ms per batch); and the overload case as above at 200 ms per batch (capacity 16 / 0.2 s =
+  80 calls/s, 160 offered), the sidecar's limit two batches. Both servers keep computing calls
+  whose client gave up, so each overload case first waits until the server holds none
+  (`RealServer.wait_idle`, from its metrics).
 """
 
 NAME = "grpc"

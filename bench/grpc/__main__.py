@@ -24,9 +24,10 @@ from bench.grpc.load import closed_loop, open_loop, outcome, retrying_options
 from proxy.testing.grpc_servicer import SERVICE
 from proxy.testing.procs import READY_PREFIX, Proc, wait_for
 
+GRPC_HEALTH = 'health_check = "grpc"'
 POLICY = """
 [warmup]
-health_check = "grpc"
+{warmup}
 health_interval_s = 0.5
 
 [slow_start]
@@ -86,11 +87,14 @@ class Servicer:
             self.popen.kill()
 
 
-def sidecar(upstream: str, slots: int, tmp: Path, extra: str = "", policy: Path | None = None) -> Proc:
-    """The sidecar in front of `upstream`, with POLICY (a fixed limit of `slots`) or the file `policy`."""
+def sidecar(
+    upstream: str, slots: int, tmp: Path, extra: str = "", policy: Path | None = None, warmup: str = GRPC_HEALTH
+) -> Proc:
+    """The sidecar in front of `upstream`, with POLICY (a fixed limit of `slots`, the [warmup] lines
+    `warmup`) or the file `policy`."""
     if policy is None:
         policy = tmp / f"policy-{slots}.toml"
-        policy.write_text(POLICY.format(slots=slots, extra=extra))
+        policy.write_text(POLICY.format(slots=slots, extra=extra, warmup=warmup))
     argv = ["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--upstream-protocol", "h2c"]
     proc = Proc(
         [*argv, "--upstream", f"http://{upstream}", "--policy", str(policy)], cpu=0, name="sidecar", ready_timeout_s=60
@@ -219,7 +223,12 @@ def fmt(v: float | None, unit: str = "", digits: int = 2) -> str:
 
 def _flags(p) -> None:
     p.add_argument("--triton", action="store_true", help="also run against a real Triton (PyTriton, ../shared/servers)")
-    p.add_argument("--triton-only", action="store_true", help="only the Triton cases")
+    p.add_argument("--mlserver", action="store_true", help="also run against MLServer (../shared/servers)")
+    p.add_argument(
+        "--triton-only",
+        action="store_true",
+        help="only the real servers' cases: PyTriton, or those --triton / --mlserver name",
+    )
 
 
 def fixed_rows(fixed: dict) -> tuple[list[str], dict]:
@@ -301,38 +310,45 @@ def servicer_cases(stack: contextlib.ExitStack, tmp: Path, rounds: int, seconds:
     return runs, targets, md
 
 
-def triton_cases(stack: contextlib.ExitStack, tmp: Path, rounds: int, seconds: float) -> tuple[dict, list, list]:
-    """A real Triton (bench/grpc/triton.py): identical results, added latency, overload goodput."""
+def triton_cases(
+    stack: contextlib.ExitStack, tmp: Path, rounds: int, seconds: float, recipe
+) -> tuple[dict, list, list]:
+    """A real KServe v2 server (bench/grpc/triton.py `recipe`): identical results, added latency, overload goodput."""
     from bench.grpc import triton as tr
 
     call = (tr.METHOD, tr.infer_request(), tr.SERVICE)
-    with tr.PyTriton(TRITON_DELAY_S, tmp) as _:
-        policy = tmp / "triton-grpc.toml"  # the shipped policy, without slow start (a bench starts cold)
-        policy.write_text(TRITON_POLICY.read_text() + "\n[slow_start]\nwindow_s = 0\n")
-        car = stack.enter_context(sidecar(tr.GRPC_TARGET, 0, tmp, policy=policy))
+    target_ = recipe.grpc_target
+    with tr.RealServer(recipe, TRITON_DELAY_S, tmp) as _:
+        policy = tmp / f"{recipe.name}-grpc.toml"  # the shipped policy, without slow start (a bench starts cold)
+        text = TRITON_POLICY.read_text().replace("127.0.0.1:8001", target_)
+        text = text.replace('health_check = "grpc"\ngrpc_health_service = ""', recipe.warmup)
+        policy.write_text(text + "\n[slow_start]\nwindow_s = 0\n")
+        car = stack.enter_context(sidecar(target_, 0, tmp, policy=policy))
         via = car.url("data").removeprefix("http://")
-        identical, seen = tr.identical(tr.GRPC_TARGET, via)
-        fixed = {TRITON_RATE: fixed_rate(tr.GRPC_TARGET, via, car, rounds, seconds, TRITON_RATE, call)}
+        identical, seen = tr.identical(target_, via)
+        fixed = {TRITON_RATE: fixed_rate(target_, via, car, rounds, seconds, TRITON_RATE, call)}
         car.stop()
     slots = 2 * tr.MAX_BATCH  # one batch running, one forming (the shipped policy's limit too)
     capacity = tr.MAX_BATCH / TRITON_OVERLOAD_DELAY_S
-    with tr.PyTriton(TRITON_OVERLOAD_DELAY_S, tmp) as _:
+    with tr.RealServer(recipe, TRITON_OVERLOAD_DELAY_S, tmp) as server:
         extra = TRITON_OVERLOAD_POLICY.format(queue=slots)
-        tight = stack.enter_context(sidecar(tr.GRPC_TARGET, slots, tmp, extra))
+        tight = stack.enter_context(sidecar(target_, slots, tmp, extra, warmup=recipe.warmup))
         over = overload(
-            tr.GRPC_TARGET, tight.url("data").removeprefix("http://"), tight, 2 * seconds,
-            call=call, slots=slots, capacity=capacity, settle=tr.wait_idle,
+            target_, tight.url("data").removeprefix("http://"), tight, 2 * seconds,
+            call=call, slots=slots, capacity=capacity, settle=server.wait_idle,
         )  # fmt: skip
         tight.stop()
     rows, added = fixed_rows(fixed)
     runs = {"identical": identical, "seen_direct": seen, "fixed_rate": fixed, "overload": over}
     targets = [
-        target("triton_identical_direct_and_sidecar", 1.0 if identical else 0.0, "==", 1.0),
-        target("triton_goodput_at_2x_over_peak", over["sidecar"]["goodput_over_peak"], ">=", 0.9),
+        target(f"{recipe.name}_identical_direct_and_sidecar", 1.0 if identical else 0.0, "==", 1.0),
+        target(f"{recipe.name}_goodput_at_2x_over_peak", over["sidecar"]["goodput_over_peak"], ">=", 0.9),
     ]
+    health = "gRPC health" if "grpc" in recipe.warmup else "HTTP /v2/health/ready on its HTTP port"
     md = [
-        f"## Triton (PyTriton recipe, model tiny: x2 after {TRITON_DELAY_S * 1000:g} ms per batch, dynamic batching "
-        f"up to {tr.MAX_BATCH}), ModelInfer; sidecar running policies/{TRITON_POLICY.name} (slow start off)",
+        f"## {recipe.label} (../shared/servers recipe, model tiny: x2 after {TRITON_DELAY_S * 1000:g} ms per batch, "
+        f"batches up to {tr.MAX_BATCH}), ModelInfer; sidecar running policies/{TRITON_POLICY.name} "
+        f"(slow start off; {health})",
         "",
         "| case | direct | sidecar | added | sidecar CPU per call |",
         "|---|---:|---:|---:|---:|",
@@ -351,6 +367,14 @@ def triton_cases(stack: contextlib.ExitStack, tmp: Path, rounds: int, seconds: f
     return runs, targets, md
 
 
+def real_servers(args) -> list:
+    """The recipes to run (--triton: PyTriton, --mlserver: MLServer; --triton-only alone: PyTriton)."""
+    from bench.grpc import triton as tr
+
+    chosen = [r for r, on in ((tr.PYTRITON, args.triton), (tr.MLSERVER, args.mlserver)) if on]
+    return chosen or ([tr.PYTRITON] if args.triton_only else [])
+
+
 def main() -> None:
     args = parse_args(NAME, DOC, _flags)
     pinned = pin(1)
@@ -364,8 +388,8 @@ def main() -> None:
             runs["servicer"], t, md = servicer_cases(stack, tmp, rounds, seconds)
             targets += t
             sections += md
-        if args.triton or args.triton_only:
-            runs["triton"], t, md = triton_cases(stack, tmp, rounds, seconds)
+        for recipe in real_servers(args):
+            runs[recipe.name], t, md = triton_cases(stack, tmp, rounds, seconds, recipe)
             targets += t
             sections += ["", *md]
     head = [
