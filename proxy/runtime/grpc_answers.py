@@ -23,6 +23,9 @@ deciding code stays one shape (decisions as values) and no path can forget it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
+from typing import Any
+
 import msgspec
 import trio
 
@@ -48,18 +51,29 @@ _decode = msgspec.json.Decoder(_Body).decode
 
 
 def for_request(request: Request, sink: ResponseSink) -> ResponseSink:
-    """`sink` itself, or `GrpcAnswers` around it when the request is gRPC."""
-    content_type = request.header(_CONTENT_TYPE)
-    if content_type is None or not grpc_wire.is_grpc(content_type):
+    """`sink` itself, or `GrpcAnswers` around it when the request is gRPC.
+
+    One pass over the headers for the content-type and grpc-timeout (first of each), where
+    `request.header` twice and `grpc_wire.is_grpc` made three; called for every gRPC call."""
+    content_type = timeout = None
+    for name, value in request.headers:
+        if name == _CONTENT_TYPE:
+            if content_type is None:
+                content_type = value
+        elif name == _GRPC_TIMEOUT and timeout is None:
+            timeout = value
+    if content_type is None:
+        return sink
+    base = content_type.split(b";", 1)[0].strip().lower()
+    if base not in grpc_wire.CONTENT_TYPES:
         return sink
     deadline = None
-    timeout = request.header(_GRPC_TIMEOUT)
     if timeout is not None:
         try:
             deadline = trio.current_time() + wire.parse_grpc_timeout_ms(timeout) / 1000.0
         except wire.HeaderError:
             pass  # the request path answers the malformed header itself (bad_request)
-    return GrpcAnswers(sink, content_type.split(b";", 1)[0].strip().lower(), deadline)
+    return GrpcAnswers(sink, base, deadline)
 
 
 def reshape(
@@ -92,14 +106,24 @@ def _message(body: bytes) -> str:
 
 
 class GrpcAnswers:
-    """A ResponseSink that writes the sidecar's rejections gRPC-shaped and passes the rest as it is."""
+    """A ResponseSink that writes the sidecar's rejections gRPC-shaped and passes the rest as it is.
 
-    __slots__ = ("_content_type", "_deadline", "_sink")
+    Only `respond` is its own: `start`, `send`, `end` and `trailers` are the wrapped sink's bound
+    methods, so a relayed answer (head, message, trailers: three calls per unary call) costs no
+    forwarding coroutine each."""
+
+    __slots__ = ("_content_type", "_deadline", "_sink", "end", "send", "start", "trailers")
+
+    start: Callable[[int, Headers], Coroutine[Any, Any, None]]
+    send: Callable[[bytes], Coroutine[Any, Any, None]]
+    end: Callable[[], Coroutine[Any, Any, None]]
+    trailers: Callable[[Headers], Coroutine[Any, Any, None]]
 
     def __init__(self, sink: ResponseSink, content_type: bytes, deadline: float | None = None) -> None:
         self._sink = sink
         self._content_type = content_type
         self._deadline = deadline  # trio time the call's grpc-timeout ends; None without one
+        self.start, self.send, self.end, self.trailers = sink.start, sink.send, sink.end, sink.trailers
 
     @property
     def headers_sent(self) -> bool:
@@ -112,15 +136,3 @@ class GrpcAnswers:
             await self._sink.respond(status, headers, body)
         else:
             await self._sink.respond(*shaped)
-
-    async def start(self, status: int, headers: Headers) -> None:
-        await self._sink.start(status, headers)
-
-    async def send(self, data: bytes) -> None:
-        await self._sink.send(data)
-
-    async def end(self) -> None:
-        await self._sink.end()
-
-    async def trailers(self, headers: Headers) -> None:
-        await self._sink.trailers(headers)

@@ -56,6 +56,18 @@ class Sink:
     async def respond(self, status, headers, body=b""):
         self.answers.append((status, headers, body))
 
+    async def start(self, status, headers):
+        self.answers.append(("start", status, headers))
+
+    async def send(self, data):
+        self.answers.append(("send", data))
+
+    async def end(self):
+        self.answers.append(("end",))
+
+    async def trailers(self, headers):
+        self.answers.append(("trailers", headers))
+
 
 def request(content_type: bytes | None) -> Request:
     headers = [] if content_type is None else [(b"content-type", content_type)]
@@ -84,3 +96,27 @@ async def test_a_pushback_that_outlasts_the_grpc_timeout_says_do_not_retry(autoj
     await wrapped.respond(*Reject(wire.Reason.CLASS_QUEUE_FULL, 500, "full").response())
     pushbacks = [dict(h)[b"grpc-retry-pushback-ms"] for _, h, _ in sink.answers]
     assert pushbacks == [b"500", b"-1"]  # the second retry would start after the deadline
+
+
+async def test_a_relayed_answer_goes_to_the_wrapped_sink_as_it_is():
+    sink = Sink()
+    wrapped = for_request(request(b"application/grpc"), sink)
+    await wrapped.start(200, [(b"content-type", b"application/grpc")])
+    await wrapped.send(grpc_wire.frame(b"reply"))
+    await wrapped.trailers([(b"grpc-status", b"0")])
+    await wrapped.respond(200, [(b"grpc-status", b"5")])  # the upstream's own trailers-only answer
+    assert sink.answers == [
+        ("start", 200, [(b"content-type", b"application/grpc")]),
+        ("send", grpc_wire.frame(b"reply")),
+        ("trailers", [(b"grpc-status", b"0")]),
+        (200, [(b"grpc-status", b"5")], b""),
+    ]
+
+
+async def test_the_first_content_type_and_grpc_timeout_count():
+    req = request(b"application/grpc; charset=x")
+    req.headers += [(b"grpc-timeout", b"1S"), (b"content-type", b"text/plain"), (b"grpc-timeout", b"1m")]
+    before = trio.current_time()
+    wrapped = for_request(req, Sink())
+    assert isinstance(wrapped, GrpcAnswers) and wrapped._content_type == b"application/grpc"
+    assert wrapped._deadline is not None and 0.99 < wrapped._deadline - before < 1.01  # 1S, not 1m
