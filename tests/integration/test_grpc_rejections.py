@@ -332,10 +332,11 @@ def test_an_overload_pushback_is_honoured_by_a_retry_policy(tmp_path, reason, qu
     with gs.serve() as echo, sidecar(echo.url, policy=write(tmp_path, "p.toml", text), protocol="h2c") as car:
         plain = gs.channel(address(car))
         sleep = gs.method(plain, "Sleep")
-        holders = [threading.Thread(target=lambda: sleep(b"3500", timeout=10)) for _ in range(2)]
-        for t in holders:  # one holds the slot, one waits in the queue: the next call is refused
-            t.start()
-            time.sleep(0.2)
+        holders = [threading.Thread(target=lambda: sleep(b"5000", timeout=15)) for _ in range(2)]
+        holders[0].start()  # one holds the slot, one waits in the queue: the next call is refused
+        assert _eventually(lambda: echo.servicer.calls >= 1), "the first holder reached the servicer"
+        holders[1].start()
+        time.sleep(0.3)
         before = rejections(car, reason)
         retrying = grpc.insecure_channel(
             address(car), options=[("grpc.enable_retries", 1), ("grpc.service_config", RETRYING)]
