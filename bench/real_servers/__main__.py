@@ -32,6 +32,12 @@ def add(p: argparse.ArgumentParser) -> None:
         help="experiment: raise the calibrated [limits] min_limit (and initial_limit) to this many requests",
     )
     p.add_argument(
+        "--engine-target-waiting",
+        type=float,
+        default=None,
+        help="experiment: the calibrated [limits] engine_target_waiting (requests kept waiting inside vLLM; default 2)",
+    )
+    p.add_argument(
         "--repeats", type=int, default=None, help="direct / rampmeter pairs per case (default 1 quick, 2 full)"
     )
 
@@ -49,7 +55,9 @@ def main() -> int:
     for name in names:
         print(f"== {name}", flush=True)
         try:
-            runs[name] = bench_server(name, args.quick, duration, repeats, out, args.min_limit)
+            runs[name] = bench_server(
+                name, args.quick, duration, repeats, out, args.min_limit, args.engine_target_waiting
+            )
         except (ServerFailed, ProcFailed, OSError, httpx.HTTPError, CalibrationError) as exc:
             print(f"bench: {name} could not be measured: {exc}", file=sys.stderr)
             return 1
@@ -60,7 +68,15 @@ def main() -> int:
     return 0
 
 
-def bench_server(name: str, quick: bool, duration: float, repeats: int, out: Path, min_limit: int | None) -> dict:
+def bench_server(
+    name: str,
+    quick: bool,
+    duration: float,
+    repeats: int,
+    out: Path,
+    min_limit: int | None,
+    target_waiting: float | None = None,
+) -> dict:
     spec = SERVERS[name]
     with RunningServer(spec, out) as server:
         install_s = server.install()
@@ -74,6 +90,8 @@ def bench_server(name: str, quick: bool, duration: float, repeats: int, out: Pat
         text = policy_toml(cal, command="rampmeter calibrate " + " ".join(cal_args))
         if min_limit:
             text = with_min_limit(text, min_limit)
+        if target_waiting is not None:
+            text = with_target_waiting(text, target_waiting)
         policy = check_policy(text)
         policy_path = out / f"{name}.policy.toml"
         policy_path.write_text(text)
@@ -95,6 +113,7 @@ def bench_server(name: str, quick: bool, duration: float, repeats: int, out: Pat
                 "budget_ms": budget,
                 "policy": str(policy_path),
                 "min_limit_override": min_limit,
+                "engine_target_waiting_override": target_waiting,
             },
             "probe_alone_ms": probe_alone,
         }
@@ -135,6 +154,14 @@ def with_min_limit(text: str, n: int) -> str:
         if key in ("min_limit", "initial_limit") and int(line.split("=")[1]) < n:
             line = f"{key} = {n}  # bench.real_servers --min-limit {n} (calibrate wrote {line.split('=')[1].strip()})"
         out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def with_target_waiting(text: str, n: float) -> str:
+    """The calibrated policy with `[limits] engine_target_waiting = n` (an experiment, marked in the file)."""
+    out = [line for line in text.splitlines() if line.split("=")[0].strip() != "engine_target_waiting"]
+    at = out.index("[limits]") + 1
+    out.insert(at, f"engine_target_waiting = {n}  # bench.real_servers --engine-target-waiting {n}")
     return "\n".join(out) + "\n"
 
 

