@@ -40,6 +40,16 @@ read from the loop itself, and nginx's `multi_accept off` (one accept per loop
 pass). The cost is a newcomer's wait while the loop is busy: behind the attacker's
 connections queued in the backlog (docs/security.md gives the figures). The admin
 port does not defer (`defer_accepts=False`): its probes open a connection each.
+
+At the connection limit every accept also closes a connection to make room (below),
+and a client holding stalled connections refills what it loses as fast as it is
+accepted: 4,000 connections a second opened, parsed, evicted and closed under
+bench.attacks' stalled_bodies, whose Python objects (~65 GC-tracked per held
+connection, 4,096 held) kept the cyclic GC's young and middle passes at 50-160 ms.
+So there the next accept waits until the loop has been idle for EVICT_IDLE_S (it has
+time to spare), EVICT_DEFER_MAX_S at most: evictions take ~110 a second under that
+attack instead of ~4,000, and a newcomer waits in the backlog behind the attacker's
+queued connects for that much longer (docs/security.md gives the figures).
 The accept itself is the socket's own non-blocking accept(): trio's wrapper adds
 two scheduler passes and a context manager per connection.
 
@@ -105,6 +115,10 @@ _DRAIN_POLL_S = 0.05  # how often the drain looks at the in-flight count (a coun
 # Accept priority (module doc): the next accept waits until the loop has nothing else to run, this long at most
 # (with the loop never idle, one accept per listener per interval: newcomers are slowed, never shut out).
 ACCEPT_DEFER_MAX_S = 0.01
+# At the connection limit an accept evicts a connection (module doc): the next one waits until the loop has been idle
+# this long, EVICT_DEFER_MAX_S at most (with the loop never idle that long, 10 evictions a second per listener).
+EVICT_IDLE_S = 0.001
+EVICT_DEFER_MAX_S = 0.1
 FD_BASE_RESERVE = 64  # listeners, log files, the dedup store, probes and GPU sampling: the process's own
 
 
@@ -355,13 +369,18 @@ class Server:
             listener.socket.close()  # from here on, connects are refused
 
     async def _idle_loop(self) -> None:
-        """Until the event loop has nothing else to run, ACCEPT_DEFER_MAX_S at most (module doc, accept priority).
+        """Until the event loop has nothing else to run, ACCEPT_DEFER_MAX_S at most (module doc, accept priority);
+        at the connection limit, until it has had nothing to run for EVICT_IDLE_S, EVICT_DEFER_MAX_S at most.
 
         Only after an accept: the next one may be waiting already. With none waiting the accept loop then
         waits for the listener's readability as before, so an idle sidecar polls nothing.
         """
-        with trio.move_on_after(ACCEPT_DEFER_MAX_S) as floor:
-            await wait_all_tasks_blocked()
+        if self._open - self._evicting < self.max_connections:
+            idle_s, most_s = 0.0, ACCEPT_DEFER_MAX_S
+        else:  # the next accept closes a connection to make room: only with time to spare (module doc)
+            idle_s, most_s = EVICT_IDLE_S, EVICT_DEFER_MAX_S
+        with trio.move_on_after(most_s) as floor:
+            await wait_all_tasks_blocked(idle_s)
         if floor.cancelled_caught:
             self.accepts_forced += 1
 

@@ -19,15 +19,16 @@ import time
 
 import httpx
 import pytest
+import trio
 
-from proxy.http.server import ACCEPT_DEFER_MAX_S
+from proxy.http.server import ACCEPT_DEFER_MAX_S, EVICT_DEFER_MAX_S, Server
+from proxy.policy.schema import Listen
 from tests.security.harness import Bystander, assert_clean_log, attacked_stack, connect
-
-pytestmark = pytest.mark.integration
 
 PIPELINED = 30_000  # OPTIONS * requests on the busy connection: ~1-2 s of the sidecar's loop
 NEWCOMERS = 30
 OPTIONS = b"OPTIONS * HTTP/1.1\r\nhost: x\r\n\r\n"
+STALLED = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{"
 
 
 def _pipeline(sock: socket.socket, answered: list[float], done: threading.Event) -> None:
@@ -58,6 +59,7 @@ def _newcomer(stack, answered: list[float]) -> None:
             answered.append(time.monotonic())
 
 
+@pytest.mark.integration
 def test_newcomers_wait_at_the_floor_rate_while_established_work_keeps_the_loop_busy():
     with attacked_stack() as stack:
         with Bystander(stack, rate=20) as bystander:
@@ -93,3 +95,40 @@ def test_newcomers_wait_at_the_floor_rate_while_established_work_keeps_the_loop_
         assert spread >= 0.8 * ACCEPT_DEFER_MAX_S * (min(forced, NEWCOMERS) - 1), (spread, forced)
         report.check(min_success=0.95, max_p99_s=1.0)
         assert_clean_log(stack.sidecar)
+
+
+async def _reads_the_body(request, sink) -> None:
+    await request.body.read_all()  # as the request path does before admission
+    await sink.respond(200, [], b"")
+
+
+async def test_at_the_connection_limit_evictions_wait_for_the_loop_to_have_time():
+    """At the limit every accept closes a connection to make room (a stalled body, here); with the loop never
+    idle for EVICT_IDLE_S (a task always ready, standing in for established work) the stalled-body attacker's
+    refills are let in one per EVICT_DEFER_MAX_S, not one per ACCEPT_DEFER_MAX_S; all of them in the end.
+    In-process (the server's own stand-in task), over real TCP. On main: ~2 scheduler passes each."""
+    limit, extra = 4, 6
+    server = Server(_reads_the_body, Listen(max_connections=limit))
+    socks: list[socket.socket] = []
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            address = await nursery.start(server.serve, "127.0.0.1:0")
+            host, port = address.rsplit(":", 1)
+            for _ in range(limit):  # the held ones: a head announcing a body that never comes
+                socks.append(socket.create_connection((host, int(port))))
+                socks[-1].sendall(STALLED)
+            while server.statistics().connections_accepted < limit:
+                await trio.sleep(0.001)
+            await trio.sleep(0.05)  # each waits for its body: evictable
+            for _ in range(extra):  # the refills, queued in the backlog before any is accepted
+                socks.append(socket.create_connection((host, int(port))))
+                socks[-1].sendall(STALLED)
+            started = time.perf_counter()
+            while server.statistics().connections_evicted < extra:
+                await trio.lowlevel.checkpoint()  # never idle
+            took = time.perf_counter() - started
+            nursery.cancel_scope.cancel()
+    for sock in socks:
+        sock.close()
+    assert server.statistics().connections_evicted == extra
+    assert took >= 0.8 * EVICT_DEFER_MAX_S * extra, took
