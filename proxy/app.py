@@ -191,6 +191,7 @@ class App:
             ),
             ADMIN_LIMITS,
             name="admin",
+            defer_accepts=False,  # probes open a connection each; at most 64, and each is cheap
         )
         self.reloader: PolicyReloader | None = None
         self._file_at_start = self.file_policy

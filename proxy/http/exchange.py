@@ -244,6 +244,11 @@ class BufferedBody:
             self._error = error
         self._wake()
 
+    @property
+    def failed(self) -> bool:
+        """Reading raises (BodyTooLarge, RequestTimeout, ProtocolError, ClientGone) once the buffer is drained."""
+        return self._error is not None
+
     def discard(self) -> None:
         """The connection is over: drop unread bytes and the error (whose traceback holds the frame
         of `chunks`, which holds this body: a reference cycle)."""

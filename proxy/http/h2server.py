@@ -38,10 +38,13 @@ Bounds: one client, whatever it sends, gets a bounded share of CPU and memory
   streams the client resets before their answer spend its reset budget. An empty
   budget is GOAWAY(ENHANCE_YOUR_CALM), one rate-limited log line and a count in
   `rampmeter_h2_floods_total`.
-- Fairness: at most FRAMES_PER_TURN frames are handled per turn; with more buffered
-  the reader yields to every other ready task first. A read is only made once the
-  buffered frames are handled, so one busy connection cannot hold the loop (the
-  sidecar's own health checks of the pod run on it too).
+- Fairness: a turn handles at most FRAMES_PER_TURN frames and ends after the frame
+  that passes TURN_BUDGET_S of CPU; with more buffered the reader yields to every
+  other ready task first. A read is only made once the buffered frames are handled,
+  so one busy connection cannot hold the loop (the sidecar's own health checks of
+  the pod run on it too). The time bound is what makes it fair whatever a frame
+  costs: 64 SETTINGS frames (each acknowledged through h2) took ~0.9 ms, and every
+  scheduler pass an ordinary request went through waited for that.
 - Request bodies: unread, at most h2_connection_window_bytes per connection (the
   receive window we grant; bytes are acknowledged as the handler reads them); read
   or not, at most h2_body_bytes_per_connection for all open streams together (a
@@ -88,6 +91,7 @@ Where we step around h2, and why:
 from __future__ import annotations
 
 import contextlib
+import time
 
 import h2.config
 import h2.connection
@@ -111,6 +115,7 @@ RECEIVE_SIZE = 65_536
 STREAM_WINDOW = 262_144  # per-stream receive window: the most one stream's body buffer holds
 IDLE_WORKERS = 16  # stream tasks a connection keeps waiting for its next streams (_Worker)
 FRAMES_PER_TURN = 64  # frames handled before the reader lets the other tasks run (when more are buffered)
+TURN_BUDGET_S = 0.0002  # ... or CPU time: the frame that passes it ends the turn (module doc, fairness)
 OUT_HIGH = 262_144  # bytes queued for the socket past which the reader stops reading
 CLOSE_GRACE_S = 1.0  # time to flush a final GOAWAY before closing
 DRAIN_IDLE_WAIT_MAX_S = 5.0  # drain: a busy connection may take min(this, drain_timeout_s / 4) to go idle
@@ -119,6 +124,7 @@ HEADER_LIST_HARD_FACTOR = 4
 MAX_SETTINGS_PER_FRAME = 32  # nghttp2's default: a SETTINGS frame is one control frame, not thousands
 MAX_STREAM_ID = 2**31 - 1
 _DRAIN_PING = b"rm-drain"
+_clock = time.perf_counter  # the turn's CPU budget: real time, whatever clock trio runs on (tests' virtual one)
 _REFUSAL_SLACK = RECEIVE_SIZE // 9 + 1  # HEADERS frames h2 may have open that we have not seen yet
 
 # Frame types (RFC 9113 6) and the flags the budget looks at.
@@ -158,6 +164,8 @@ class _Inbound(FrameBuffer):
         self.max_block_bytes = max_block_bytes
         self.block_bytes = 0
         self.turn = 0
+        self.last_sid = 0  # the highest stream id a HEADERS frame carried (a new stream earns control frames)
+        self.turn_ends = 0.0  # perf_counter() past which the turn ends (set per turn by the reader)
         self.now = 0.0
 
     def ready(self) -> bool:
@@ -175,7 +183,7 @@ class _Inbound(FrameBuffer):
         length = int.from_bytes(data[:3], "big")
         if length > self.max_frame_size:
             raise h2.exceptions.FrameTooLargeError(f"frame of {length} bytes, max {self.max_frame_size}")
-        if len(data) < 9 + length or self.turn >= FRAMES_PER_TURN:
+        if len(data) < 9 + length or self.turn >= FRAMES_PER_TURN or (self.turn and _clock() > self.turn_ends):
             raise StopIteration
         self.turn += 1
         kind, flags = data[3], data[4]
@@ -188,6 +196,11 @@ class _Inbound(FrameBuffer):
             if length == 0 and not flags & _END_STREAM:
                 self._control("an empty HEADERS frame")
             sid = int.from_bytes(data[5:9], "big") & MAX_STREAM_ID
+            if sid > self.last_sid:
+                # A new stream earns its control frames here, in frame order: earned when the stream
+                # was accepted (after the turn), frames behind it in the same turn were charged first.
+                self.last_sid = sid
+                self.budget.stream_opened()
             if flags & _END_HEADERS and not flags & (_PADDED | _PRIORITY) and sid and not self._headers_buffer:
                 # A whole header block in one frame (every request head we see): no hyperframe object.
                 block = bytes(data[9 : 9 + length])
@@ -513,6 +526,7 @@ class H2ServerConnection:
         while True:
             if data or inbound.ready():
                 inbound.turn = 0
+                inbound.turn_ends = _clock() + TURN_BUDGET_S
                 inbound.now = trio.current_time()
                 try:
                     events = self.h2.receive_data(data)
@@ -583,7 +597,6 @@ class H2ServerConnection:
         if length and length <= limits.max_body_bytes and not self.body_room(length):
             self.body_over(sid)
             return
-        self.budget.stream_opened()
         self._got_request = True
         self.requests += 1
         request, body, handler = build_request(self, sid, head, self._client)

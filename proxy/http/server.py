@@ -17,21 +17,41 @@ request (or is HTTP/2) is the newcomer closed at once (counted as rejected).
 Thousands of stalled bodies then cost the attacker their own connections, not
 everyone else's.
 
-Fairness between established and new connections: the accept loop takes one
-connection, then lets ACCEPT_SPACING_PASSES scheduler passes go by before it takes
-the next (a pass runs every task that is ready: the established connections' reads,
-answers and upstream replies). A connection that is accepted costs work over its
-next few passes (its first read and parse, its handler starting, the victim it
-evicts answering 408 and closing): ~0.7 ms of CPU in all for a stalled body. Taken
-one per pass while connections keep arriving, that work was in every pass, and each
+Fairness between established and new connections (accept priority): after each
+accept, the accept loop takes the next connection only once the event loop has
+nothing else to run (every other task waits for I/O or a timer; trio's runner tells,
+`trio.testing.wait_all_tasks_blocked`), or after ACCEPT_DEFER_MAX_S at the latest.
+New connections are work the sidecar has not taken on yet: while established
+connections have work (requests to read, answers to write, upstream replies),
+newcomers wait in the kernel's listen backlog rather than in the loop's passes. An
+accepted connection costs work over its next few passes (its first read and parse,
+its handler starting, the victim it evicts answering 408 and closing: ~0.7 ms of CPU
+in all for a stalled body, ~0.2 ms for a request answered 400 and closed), and each
 of the many passes an established request goes through (read, admission, upstream
-send and reply, answer) waited for it. Spaced, each pass carries a fraction of it:
-what a waiting established request pays per pass shrinks by that factor, while the
-accept rate stays far above what a client needs (with nothing else ready, a pass is
-a few microseconds). nginx bounds accepts per event-loop pass the same way
-(`multi_accept off`); Envoy's overload manager stops accepting when the loop lags.
-The accept itself is the socket's own non-blocking accept(): trio's wrapper adds two
-scheduler passes and a context manager per connection, and the spacing yields anyway.
+send and reply, answer) waited for whatever accepts had started. A client that
+opens connections as fast as the sidecar accepts them (a reconnecting flood, a
+stalled-body attacker at the connection limit) thus gets the loop's idle time, not
+a share of every pass. With nothing else ready the wait is one poll of the loop
+(microseconds). The floor: with the loop busy without a pause (a saturated core),
+each listener still accepts one connection per ACCEPT_DEFER_MAX_S, so newcomers are
+never shut out. This is Envoy's overload action `stop_accepting_connections`
+(newcomers queue in the kernel while the process is overloaded) with "overloaded"
+read from the loop itself, and nginx's `multi_accept off` (one accept per loop
+pass). The cost is a newcomer's wait while the loop is busy: behind the attacker's
+connections queued in the backlog (docs/security.md gives the figures). The admin
+port does not defer (`defer_accepts=False`): its probes open a connection each.
+
+At the connection limit every accept also closes a connection to make room (below),
+and a client holding stalled connections refills what it loses as fast as it is
+accepted: 4,000 connections a second opened, parsed, evicted and closed under
+bench.attacks' stalled_bodies, whose Python objects (~65 GC-tracked per held
+connection, 4,096 held) kept the cyclic GC's young and middle passes at 50-160 ms.
+So there the next accept waits until the loop has been idle for EVICT_IDLE_S (it has
+time to spare), EVICT_DEFER_MAX_S at most: evictions take ~110 a second under that
+attack instead of ~4,000, and a newcomer waits in the backlog behind the attacker's
+queued connects for that much longer (docs/security.md gives the figures).
+The accept itself is the socket's own non-blocking accept(): trio's wrapper adds
+two scheduler passes and a context manager per connection.
 
 The limit itself is held to the open-file limit at start (`fd_cap`): the data
 port's connections must leave descriptors for the upstream pool, the admin port
@@ -70,6 +90,7 @@ import socket
 from dataclasses import dataclass
 
 import trio
+from trio.testing import wait_all_tasks_blocked  # the runner's own idle test (module doc, accept priority)
 
 from proxy.errors import StartupError
 from proxy.http.exchange import CLIENT, ServerContext
@@ -91,9 +112,13 @@ _ACCEPT_RETRY_S = 0.1
 # (an h2 GOAWAY flushed, a head that was half sent completed and answered) before the cut.
 DRAIN_GRACE_S = 0.5
 _DRAIN_POLL_S = 0.05  # how often the drain looks at the in-flight count (a counter, not an event)
-# Scheduler passes between two accepts (module doc): each costs a few microseconds when
-# nothing else is ready, and bounds the share of a busy loop's passes that new connections take.
-ACCEPT_SPACING_PASSES = 2
+# Accept priority (module doc): the next accept waits until the loop has nothing else to run, this long at most
+# (with the loop never idle, one accept per listener per interval: newcomers are slowed, never shut out).
+ACCEPT_DEFER_MAX_S = 0.01
+# At the connection limit an accept evicts a connection (module doc): the next one waits until the loop has been idle
+# this long, EVICT_DEFER_MAX_S at most (with the loop never idle that long, 10 evictions a second per listener).
+EVICT_IDLE_S = 0.001
+EVICT_DEFER_MAX_S = 0.1
 FD_BASE_RESERVE = 64  # listeners, log files, the dedup store, probes and GPU sampling: the process's own
 
 
@@ -108,6 +133,7 @@ class ServerStatistics:
     connections_accepted: int
     connections_rejected: int
     connections_evicted: int
+    accepts_forced: int  # accepts made at the floor: the loop had not gone idle for ACCEPT_DEFER_MAX_S
     max_connections: int  # in force: listen.max_connections, or less where the open-file limit says so
     requests_in_flight: int
     requests_total: int
@@ -176,9 +202,13 @@ class Server:
         metrics: Metrics | None = None,
         name: str = "data",
         fd_reserve: int | None = None,
+        defer_accepts: bool = True,
     ) -> None:
-        """`fd_reserve`: descriptors to keep free beside this server's connections (None: no fd check)."""
+        """`fd_reserve`: descriptors to keep free beside this server's connections (None: no fd check).
+        `defer_accepts`: accept at the loop's idle time (module doc, accept priority); off for the admin port."""
         self.name = name
+        self._defer_accepts = defer_accepts
+        self.accepts_forced = 0  # accepts made at the floor: the loop had not gone idle for ACCEPT_DEFER_MAX_S
         self._ctx = ServerContext(handler, limits, metrics)
         self._fd_reserve = fd_reserve
         self._fd_cap: int | None = None  # set at serve() when the open-file limit lowers max_connections
@@ -243,6 +273,7 @@ class Server:
             connections_accepted=self._accepted,
             connections_rejected=ctx.connections_rejected,
             connections_evicted=self._evicted,
+            accepts_forced=self.accepts_forced,
             max_connections=self.max_connections,
             requests_in_flight=ctx.requests_in_flight,
             requests_total=ctx.requests_total,
@@ -332,10 +363,26 @@ class Server:
                 self._open += 1
                 self._accepted += 1
                 nursery.start_soon(self._connection, stream, peer)
-                for _ in range(ACCEPT_SPACING_PASSES):  # established connections first (module doc)
-                    await trio.lowlevel.checkpoint()
+                if self._defer_accepts:
+                    await self._idle_loop()
         finally:
             listener.socket.close()  # from here on, connects are refused
+
+    async def _idle_loop(self) -> None:
+        """Until the event loop has nothing else to run, ACCEPT_DEFER_MAX_S at most (module doc, accept priority);
+        at the connection limit, until it has had nothing to run for EVICT_IDLE_S, EVICT_DEFER_MAX_S at most.
+
+        Only after an accept: the next one may be waiting already. With none waiting the accept loop then
+        waits for the listener's readability as before, so an idle sidecar polls nothing.
+        """
+        if self._open - self._evicting < self.max_connections:
+            idle_s, most_s = 0.0, ACCEPT_DEFER_MAX_S
+        else:  # the next accept closes a connection to make room: only with time to spare (module doc)
+            idle_s, most_s = EVICT_IDLE_S, EVICT_DEFER_MAX_S
+        with trio.move_on_after(most_s) as floor:
+            await wait_all_tasks_blocked(idle_s)
+        if floor.cancelled_caught:
+            self.accepts_forced += 1
 
     def _make_room(self) -> bool:
         """Close the patrol's victim (module doc) for a newcomer; False if every connection is busy."""
@@ -422,7 +469,7 @@ async def _accept(listener: trio.SocketListener) -> tuple[trio.SocketStream, str
 
 async def _accept_now(sock: socket.socket) -> tuple[trio.SocketStream, str]:
     """The next connection from `sock` (the stdlib listening socket, non-blocking), without a scheduler pass when
-    one is waiting: the caller yields after each accept (ACCEPT_SPACING_PASSES). Same errno handling as `_accept`.
+    one is waiting: the caller yields after each accept (`_idle_loop`). Same errno handling as `_accept`.
     """
     while True:
         try:

@@ -246,6 +246,11 @@ class Edge:
         finally:
             _CURRENT.reset(token)
             self._finish(ex, error)
+            # The exception's traceback holds this frame, and this frame held the exception: a
+            # reference cycle per failed request (~50 objects), which only the cyclic GC frees.
+            # Under a stalled-body flood (every eviction a Cancelled through here) it made gen-1
+            # passes of 15-35 ms 5 times a second and full ones of ~250 ms every 3 s.
+            error = None
 
     def _request_id(self, request: Request, fields: Fields) -> bytes:
         given = fields.request_id

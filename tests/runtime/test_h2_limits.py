@@ -196,6 +196,38 @@ async def test_a_burst_of_frames_is_handled_in_turns_that_let_others_run(autojum
     assert turns >= frames // FRAMES_PER_TURN - 2, turns
 
 
+async def test_a_turn_ends_once_its_frames_took_the_turn_budget(autojump_clock, monkeypatch):
+    """Frames that cost more than a PING (a SETTINGS frame goes through h2's acknowledgement: ~14 us
+    each) end the turn by time, not count: here each frame "takes" a third of TURN_BUDGET_S (the
+    turn's clock advances by that at every frame), so a turn handles at most 4 of them and a burst
+    of 600 takes at least 150 turns, where FRAMES_PER_TURN alone would give 10."""
+    limits = Listen(h2_control_frame_burst=100_000, h2_control_frames_per_s=0)
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += h2server.TURN_BUDGET_S / 3
+        return now[0]
+
+    monkeypatch.setattr(h2server, "_clock", clock)
+    turns = 0
+
+    async def bystander() -> None:
+        nonlocal turns
+        while True:
+            await trio.lowlevel.checkpoint()
+            turns += 1
+
+    async with connection(hello, limits) as (peer, _, _, _), trio.open_nursery() as nursery:
+        nursery.start_soon(bystander)
+        await trio.sleep(0)
+        frames, turns = 600, 0
+        await peer.stream.send_all(SettingsFrame(0).serialize() * frames)
+        sid = await peer.request()
+        await peer.until(lambda: peer.streams[sid].ended)
+        nursery.cancel_scope.cancel()
+    assert turns >= frames // 4 - 2, turns
+
+
 # --- rapid reset ---
 async def test_rapid_reset_gets_goaway_and_never_reaches_the_handler(autojump_clock):
     gate = Gate()

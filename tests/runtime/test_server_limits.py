@@ -10,6 +10,7 @@ import errno
 import logging
 import resource
 import socket
+import time
 
 import pytest
 import trio
@@ -104,11 +105,9 @@ async def test_a_failed_connection_is_logged_with_its_peer(monkeypatch, caplog):
     assert any("connection from 127.0.0.1 failed" in r.getMessage() for r in caplog.records)
 
 
-async def test_established_work_runs_between_accepts_of_a_backlog():
-    """Fairness (server module doc): with a backlog of connections to accept, every other ready task (here a
-    ticker standing in for established connections) gets ACCEPT_SPACING_PASSES turns between two accepts, so a
-    flood of new connections never fills the loop's passes; and the backlog is still all accepted."""
-    backlog = 40
+async def _accept_backlog(backlog: int, busy: bool) -> tuple[Server, float, int]:
+    """Queue `backlog` connections in the kernel, then time their accepts; `busy`: with a ticker task that is
+    always ready (standing in for established connections with work), so the loop never goes idle."""
     server = Server(hello, Listen())
     ticks = 0
     with trio.fail_after(30):
@@ -117,12 +116,33 @@ async def test_established_work_runs_between_accepts_of_a_backlog():
             host, port = address.rsplit(":", 1)
             # Blocking connects, no await between them: the kernel queues all of them before the loop accepts one.
             clients = [socket.create_connection((host, int(port))) for _ in range(backlog)]
-            accepted_before = server.statistics().connections_accepted
+            assert server.statistics().connections_accepted == 0
+            started = time.perf_counter()
             while server.statistics().connections_accepted < backlog:
-                await trio.lowlevel.cancel_shielded_checkpoint()  # one turn per scheduler pass
-                ticks += 1
+                if busy:
+                    await trio.lowlevel.cancel_shielded_checkpoint()  # one turn per scheduler pass
+                    ticks += 1
+                else:
+                    await trio.sleep(0.001)
+            took = time.perf_counter() - started
             nursery.cancel_scope.cancel()
     for client in clients:
         client.close()
-    assert accepted_before == 0
-    assert ticks >= server_module.ACCEPT_SPACING_PASSES * (backlog - 1)
+    return server, took, ticks
+
+
+async def test_while_established_work_keeps_the_loop_busy_newcomers_are_accepted_at_the_floor_rate():
+    """Accept priority (server module doc): with another task always ready, the next accept waits
+    ACCEPT_DEFER_MAX_S for the loop to go idle, so a backlog of new connections is taken one per
+    interval (not one per scheduler pass: main took 40 in ~80 passes, a few ms), and still all accepted."""
+    backlog = 20
+    server, took, ticks = await _accept_backlog(backlog, busy=True)
+    assert server.accepts_forced >= backlog - 1
+    assert took >= 0.9 * server_module.ACCEPT_DEFER_MAX_S * (backlog - 1), took
+    assert ticks > 10 * backlog
+
+
+async def test_an_idle_loop_accepts_a_backlog_at_once():
+    """With nothing else to run the wait for idleness is one poll: no accept waits for the floor."""
+    server, _, _ = await _accept_backlog(40, busy=False)
+    assert server.accepts_forced == 0

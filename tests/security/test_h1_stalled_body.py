@@ -10,12 +10,14 @@ the slowest connections go first).
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
+import httpx
 import pytest
 
-from tests.security.harness import Bystander, assert_clean_log, attacked_stack, connect
+from tests.security.harness import CHAT, Bystander, assert_clean_log, attacked_stack, connect
 
 pytestmark = pytest.mark.integration
 
@@ -90,4 +92,41 @@ def test_stalled_bodies_are_answered_408_and_newcomers_are_still_served(tmp_path
         finally:
             for sock in attackers:
                 sock.close()
+        assert_clean_log(stack.sidecar)
+
+
+def test_a_stalled_body_is_read_by_its_connection_not_by_a_running_request():
+    """A body that has not arrived is read before the handler starts (h1server, "request bodies"): a stalled
+    body holds a connection, not a request in flight (which drain and the request path count), and still
+    gets its 408 by its own deadline. On main each of these was a request in flight until its 408."""
+    stalled = 20
+    with attacked_stack() as stack:
+        socks = []
+        try:
+            for _ in range(stalled):
+                sock = connect(stack)
+                sock.sendall(HEAD % 1500)
+                socks.append(sock)
+            time.sleep(0.5)  # each head parsed, each body waited for
+            stats = httpx.get(stack.admin + "/admin/stats", timeout=5).json()["server"]
+            assert stats["connections_http1"] >= stalled, stats
+            assert stats["requests_in_flight"] == 0, stats
+            for sock in socks:
+                sock.settimeout(5)
+                assert sock.recv(65536).startswith(b"HTTP/1.1 408 ")
+        finally:
+            for sock in socks:
+                sock.close()
+        # The request path is still run for a body that did arrive, if late.
+        sock = connect(stack)
+        body = json.dumps(CHAT).encode()
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % len(body) + body[:5]
+        )
+        time.sleep(0.2)
+        sock.sendall(body[5:])
+        sock.settimeout(5)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+        sock.close()
         assert_clean_log(stack.sidecar)
