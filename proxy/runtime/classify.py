@@ -46,4 +46,4 @@ def classify(request: Request, fields: Fields, body: bytes, now: float, schedule
     tenant = b""
     if policy.tenants.enabled:
         tenant = tenant_key(fields.tenant, fields.authorization, trust_x_tenant=policy.tenants.trust_x_tenant)
-    return scheduler.ticket(klass, cost, dl.deadline_at(now, budget), budget, tenant)
+    return scheduler.ticket(klass, cost, dl.deadline_at(now, budget), budget, tenant, now)

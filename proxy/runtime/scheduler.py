@@ -88,12 +88,19 @@ class Slot:
         """The service time admission planned this request with (computed once, by the controller)."""
         return 0.0 if self.lease is None else self.lease.service_ms
 
-    def done(self, outcome: Outcome, rtt_ms: float | None = None, observed: Observed | None = None) -> None:
-        """End the lease; feeds the limit and the service model. Once only."""
+    def done(
+        self,
+        outcome: Outcome,
+        rtt_ms: float | None = None,
+        observed: Observed | None = None,
+        now: float | None = None,
+    ) -> None:
+        """End the lease; feeds the limit and the service model. Once only. `now`: the trio time
+        the caller read already in this step (the end of the exchange), else read here."""
         if self.lease is None or self._done:
             raise LeaseError("done() on a slot without a live lease")
         self._done = True
-        self._scheduler._release(self.lease, outcome, rtt_ms, observed)
+        self._scheduler._release(self.lease, outcome, rtt_ms, observed, now)
 
     @property
     def released(self) -> bool:
@@ -114,14 +121,14 @@ class Slot:
 class _Admission:
     """`async with scheduler.admit(ticket) as slot`: a class, not a generator, to stay cheap."""
 
-    __slots__ = ("_scheduler", "_slot", "_ticket")
+    __slots__ = ("_now", "_scheduler", "_slot", "_ticket")
 
-    def __init__(self, scheduler: Scheduler, ticket: Ticket) -> None:
-        self._scheduler, self._ticket = scheduler, ticket
+    def __init__(self, scheduler: Scheduler, ticket: Ticket, now: float | None) -> None:
+        self._scheduler, self._ticket, self._now = scheduler, ticket, now
         self._slot: Slot | None = None
 
     async def __aenter__(self) -> Slot:
-        slot = self._slot = await self._scheduler._acquire(self._ticket)
+        slot = self._slot = await self._scheduler._acquire(self._ticket, self._now)
         return slot
 
     async def __aexit__(
@@ -197,9 +204,13 @@ class Scheduler:
         deadline: float = math.inf,
         budget_ms: int | None = None,
         tenant: bytes = b"",
+        now: float | None = None,
     ) -> Ticket:
-        """The ticket for a request of `klass` (resolved already: `resolve_class`)."""
-        return self.controller.ticket(klass, cost, deadline, budget_ms, tenant, trio.current_time())
+        """The ticket for a request of `klass` (resolved already: `resolve_class`); `now`: the trio
+        time the caller read in this step (a clock read costs three Python calls), else read here."""
+        return self.controller.ticket(
+            klass, cost, deadline, budget_ms, tenant, trio.current_time() if now is None else now
+        )
 
     def resolve_class(self, priority: bytes | str | None) -> str:
         """The class for an x-priority value; unknown values fall back to the default and are counted."""
@@ -208,8 +219,9 @@ class Scheduler:
             self._m.unknown_priority.inc()
         return klass
 
-    def admit(self, ticket: Ticket) -> _Admission:
-        return _Admission(self, ticket)
+    def admit(self, ticket: Ticket, now: float | None = None) -> _Admission:
+        """`now`: the trio time read in this same step (no checkpoint since), else read at entry."""
+        return _Admission(self, ticket, now)
 
     def learn_probe(self, path: str, body: bytes, latency_ms: float) -> None:
         """A warm-up probe answered in `latency_ms`: seed the route's service model with it."""
@@ -250,10 +262,12 @@ class Scheduler:
 
     # --- waiting ----------------------------------------------------------
 
-    async def _acquire(self, ticket: Ticket) -> Slot:
+    async def _acquire(self, ticket: Ticket, now: float | None = None) -> Slot:
         ctl = self.controller
-        decision = ctl.arrive(ticket, trio.current_time())
-        self._deliver(ctl.take_woken())
+        decision = ctl.arrive(ticket, trio.current_time() if now is None else now)
+        woken = ctl.take_woken()
+        if woken:
+            self._deliver(woken)
         if isinstance(decision, Admit):
             if self._m:
                 self._m.admitted(decision)
@@ -308,19 +322,29 @@ class Scheduler:
             if self._m and isinstance(d, Admit):
                 self._m.admitted(d)
 
-    def _release(self, lease: Lease, outcome: Outcome, rtt_ms: float | None, observed: Observed | None) -> None:
+    def _release(
+        self,
+        lease: Lease,
+        outcome: Outcome,
+        rtt_ms: float | None,
+        observed: Observed | None,
+        now: float | None = None,
+    ) -> None:
         ctl = self.controller
+        if now is None:
+            now = trio.current_time()
         if outcome is Outcome.CANCELLED:  # only a cut can start a phantom lease (AdmissionController.release)
             before = ctl.next_phantom_end()
-            woken = ctl.release(lease, trio.current_time(), outcome, rtt_ms, observed)
+            woken = ctl.release(lease, now, outcome, rtt_ms, observed)
             after = ctl.next_phantom_end()
             if after is not None and (before is None or after < before):
                 self._phantom_changed.set()  # the timer task sleeps until the earliest end
         else:  # phantoms may end here, never start: the earliest end can only move later
-            woken = ctl.release(lease, trio.current_time(), outcome, rtt_ms, observed)
+            woken = ctl.release(lease, now, outcome, rtt_ms, observed)
         if self._m:
             self._m.released(lease, outcome, rtt_ms, observed)
-        self._deliver(woken)
+        if woken:
+            self._deliver(woken)
 
 
 def _or_inf(value: float | None) -> float:
