@@ -87,7 +87,8 @@ class ArrivalGate:
         return self._rank.get(klass, len(self.ranked) - 1)
 
     def dequeued(self, klass: str, wait_ms: float, now: float) -> None:
-        self.shedder.on_dequeue(wait_ms, self.rank(klass), now)
+        rank = self._rank.get(klass)  # self.rank(klass), inline: once per admission
+        self.shedder.on_dequeue(wait_ms, len(self.ranked) - 1 if rank is None else rank, now)
 
     def retry_after(self, wait_ms: float) -> int:
         return self.shedder.retry_after(wait_ms)

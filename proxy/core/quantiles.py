@@ -174,14 +174,16 @@ class WindowedQuantiles:
 
         Rank-based: the value of the ceil(q * count)-th smallest sample.
         """
-        self._advance(now)
+        if not now < self._head_until:  # _advance's own fast path, tested here: queries run per request
+            self._advance(now)
         if self.refresh_s and now < self._cache_until and q in self._cache:
             return self._cache[q]
         return self._computed(q, now)
 
     def quantile_if_counted(self, q: float, now: float, min_samples: int) -> float | None:
         """`quantile`, or None while fewer than `min_samples` are in the window (one advance for both)."""
-        self._advance(now)
+        if not now < self._head_until:  # as in quantile
+            self._advance(now)
         if self._count + len(self._pending) < min_samples:
             return None
         if self.refresh_s and now < self._cache_until and q in self._cache:
