@@ -70,12 +70,15 @@ class ArrivalGate:
             snap = None
         else:
             snap = load.snapshot(now, self.ranked, gpu)
+        deadline = self.deadline_verdict(ticket, now, load, service_ms)
+        if snap is None and self.tenants is None and deadline.__class__ is dl.Meetable:
+            return None  # what arrival_verdict answers here (no quota, no load rule, the deadline holds), one call less
         return arrival_verdict(
             self.shedder,
             snap,
             rank,
             now,
-            self.deadline_verdict(ticket, now, load, service_ms),
+            deadline,
             self._on_unmeetable[ticket.klass],
             self.tenants,
             ticket.tenant,

@@ -226,6 +226,9 @@ class _ShapeRoute:
         return cls(catch.path_prefix, kind, catch.chars_per_token, catch.default_max_tokens)
 
 
+_SOURCE_NAMES = {source: source.value for source in CostSource}
+
+
 class UnmatchedPaths:
     """Which paths no route named, how often, and what their bodies were costed as.
 
@@ -248,9 +251,10 @@ class UnmatchedPaths:
             path = path.split("?", 1)[0]
         if len(path) > MAX_PATH_CHARS:
             path = path[: MAX_PATH_CHARS - 3] + "..."
-        costed_as = cost.route if cost.source is CostSource.SHAPE else cost.source.value
+        source = _SOURCE_NAMES[cost.source]  # not .value: an Enum's value is a Python-level property (3.11)
+        costed_as = cost.route if cost.source is CostSource.SHAPE else source
         self.total += 1
-        self.by_source[cost.source.value] = self.by_source.get(cost.source.value, 0) + 1
+        self.by_source[source] = self.by_source.get(source, 0) + 1
         entry = self._paths.get(path)
         if entry is not None:
             entry[0] += 1

@@ -106,6 +106,16 @@ class Slot:
     def released(self) -> bool:
         return self._done
 
+    def close(self, exc_type: type[BaseException] | None) -> None:
+        """Leaving the lease's scope (`exc_type`: the exception it leaves by, None for a plain exit): a
+        lease not ended yet ends here, CANCELLED on trio.Cancelled (cut after this long upstream: a
+        censored sample), else ERROR. What `async with scheduler.admit(...)` does on exit."""
+        if self.lease is not None and not self._done:
+            if exc_type is not None and issubclass(exc_type, trio.Cancelled):
+                self.cut()
+            else:
+                self.done(Outcome.ERROR)
+
     def cut(self) -> None:
         """End a forwarded lease that was cut (deadline, client gone): CANCELLED with the time since
         admission, a censored sample, as leaving the `async with` on trio.Cancelled gives."""
@@ -134,13 +144,8 @@ class _Admission:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
-        slot = self._slot
-        if slot is not None and slot.lease is not None and not slot._done:
-            cancelled = exc_type is not None and issubclass(exc_type, trio.Cancelled)
-            if cancelled:  # cut (deadline, client gone) after this long upstream: a censored sample
-                slot.cut()
-            else:
-                slot.done(Outcome.ERROR)
+        if self._slot is not None:
+            self._slot.close(exc_type)
         return False
 
 
@@ -263,8 +268,16 @@ class Scheduler:
     # --- waiting ----------------------------------------------------------
 
     async def _acquire(self, ticket: Ticket, now: float | None = None) -> Slot:
+        decided = self.arrive(ticket, trio.current_time() if now is None else now)
+        return decided if isinstance(decided, Slot) else await self.wait(decided)
+
+    def arrive(self, ticket: Ticket, now: float) -> Slot | Enqueue:
+        """`admit` without the context manager, for the request path's fast path (two coroutine
+        layers fewer per request): the Slot when the arrival is decided at once (admitted, or
+        rejected), else the Enqueue to `await wait(...)` on, at once (no checkpoint between). The
+        caller then owns the lease's end as `admit` would: `slot.close(exc_type)` on every exit."""
         ctl = self.controller
-        decision = ctl.arrive(ticket, trio.current_time() if now is None else now)
+        decision = ctl.arrive(ticket, now)
         woken = ctl.take_woken()
         if woken:
             self._deliver(woken)
@@ -273,8 +286,12 @@ class Scheduler:
                 self._m.admitted(decision)
             return Slot(self, decision.lease, None)
         if isinstance(decision, Enqueue):
-            return await self._wait(decision)
+            return decision
         return Slot(self, None, decision)  # counted where it is answered: rampmeter_rejections_total
+
+    async def wait(self, enqueued: Enqueue) -> Slot:
+        """Wait for the queued ticket's Admit or expiry (an abandoned wait leaves nothing behind)."""
+        return await self._wait(enqueued)
 
     async def _wait(self, enqueued: Enqueue) -> Slot:
         ticket, ctl = enqueued.ticket, self.controller
@@ -399,7 +416,9 @@ class _Instruments:
             self._child("limit_changes", self._metrics.upstream(i), cap.limits[i].last_reason).inc()
 
     def released(self, lease: Lease, outcome: Outcome, rtt_ms: float | None, observed: Observed | None) -> None:
-        self.limit_changes(lease.upstream)
+        i = lease.upstream
+        if self._ctl.capacity.limit(i) != self._limits[i]:  # limit_changes' test, inline: once per request
+            self.limit_changes(i)
         ticket = lease.ticket
         if outcome is Outcome.SUCCESS and rtt_ms is not None and ticket.expected_ms > 0:
             self._service_error.observe(rtt_ms / ticket.expected_ms)
