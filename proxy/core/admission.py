@@ -90,7 +90,7 @@ from proxy.core.decisions import (
 from proxy.core.limits import make_limit
 from proxy.core.load import LoadEstimator
 from proxy.core.phantoms import STOPS, CancelHabit, Phantoms
-from proxy.core.quantiles import LatencyFamily, cost_bucket
+from proxy.core.quantiles import LatencyFamily
 from proxy.core.service_model import ServiceModels
 from proxy.core.shedding import deadline_unmeetable
 from proxy.core.sjf import Entry
@@ -156,7 +156,7 @@ class AdmissionController:
         self._ticket_ids, self._lease_ids = itertools.count(1), itertools.count(1)
         self._leases: dict[int, Lease] = {}
         self._charges: dict[int, int] = {}  # lease id -> units charged now (re-counted on reload)
-        self._outbox: list[Admit | Expired] = []
+        self.outbox: list[Admit | Expired] = []  # decisions for other waiters, until take_woken()
         # Completed samples not yet fed to the limits, load and models (release, _fold).
         self._samples: list[tuple[int, float, int, Ticket, float, Observed | None, float]] = []
         self._newcomer: int | None = None  # the ticket whose own decision arrive() returns
@@ -329,7 +329,8 @@ class AdmissionController:
             self.capacity.limits[i].on_sample(now, rtt_ms or 0.0, inflight, True)
         if self.waitline.entries:  # nobody waiting (the usual case): no round to run
             self._dispatch(now)
-        return self.take_woken()
+        woken, self.outbox = self.outbox, []  # take_woken(), inline: once per request
+        return woken
 
     def _fold(self) -> None:
         """Feed the completed samples taken since the last fold, in order: each upstream's limit, the
@@ -459,7 +460,7 @@ class AdmissionController:
         self.balancer.mark_refused(index, now)
 
     def take_woken(self) -> list[Admit | Expired]:
-        out, self._outbox = self._outbox, []
+        out, self.outbox = self.outbox, []
         return out
 
     def depth(self, klass: str) -> int:
@@ -528,7 +529,7 @@ class AdmissionController:
                 if expires_at is not None and now >= expires_at and t.id != self._newcomer:
                     self._remove(entry)
                     self.counts["expired"] += 1
-                    self._outbox.append(Expired(t, (now - entry.enqueued_at) * 1000.0))
+                    self.outbox.append(Expired(t, (now - entry.enqueued_at) * 1000.0))
                     progressed = True
                     break
                 placed = self._place(t, now, reserve_only=blocked)
@@ -544,14 +545,14 @@ class AdmissionController:
                     service_ms = self.service_ms(t, now)
                     if self._too_late(t, now, service_ms):  # likely cut at its deadline: not started
                         self.counts["expired"] += 1
-                        self._outbox.append(Expired(t, (now - entry.enqueued_at) * 1000.0))
+                        self.outbox.append(Expired(t, (now - entry.enqueued_at) * 1000.0))
                         progressed = True
                         break
                 admit = self._admit(t, placed, now, entry.enqueued_at, service_ms)
                 if t.id == self._newcomer:
                     self._newcomer_admit = admit
                 else:
-                    self._outbox.append(admit)
+                    self.outbox.append(admit)
                 progressed = True
                 break
             if not progressed:
@@ -573,7 +574,7 @@ class AdmissionController:
         bucket, else the model's estimate; never below the censored floor of its shape (the p99
         of the requests that finished is a survivor's figure when most are cut, core/censored.py)."""
         c = ticket.cost
-        p99 = None if self.service is None else self.service.quantile((c.route, cost_bucket(c.units)), 0.99, now)
+        p99 = None if self.service is None else self.service.quantile(ticket.key, 0.99, now)
         estimate = dl.service_estimate_ms(p99, ticket.expected_ms)
         return max(estimate, self.models.floor_ms(c.route, c.prompt_tokens, c.output_tokens, now))
 

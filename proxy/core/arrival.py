@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 
 from proxy.core import deadline as dl
 from proxy.core.decisions import Reject, Ticket
-from proxy.core.quantiles import cost_bucket
 from proxy.core.shedding import Shedder, arrival_verdict
 from proxy.core.token_bucket import TenantQuota
 
@@ -47,8 +46,8 @@ def ranked_classes(policy: Policy) -> tuple[str, ...]:
 
 
 def service_key(ticket: Ticket) -> tuple[str, int]:
-    """How service-time samples are keyed: (route, power-of-two cost bucket)."""
-    return ticket.cost.route, cost_bucket(ticket.cost.units)
+    """How service-time samples are keyed: (route, power-of-two cost bucket), made with the ticket."""
+    return ticket.key
 
 
 class ArrivalGate:

@@ -226,9 +226,6 @@ class _ShapeRoute:
         return cls(catch.path_prefix, kind, catch.chars_per_token, catch.default_max_tokens)
 
 
-_SOURCE_NAMES = {source: source.value for source in CostSource}
-
-
 class UnmatchedPaths:
     """Which paths no route named, how often, and what their bodies were costed as.
 
@@ -251,7 +248,9 @@ class UnmatchedPaths:
             path = path.split("?", 1)[0]
         if len(path) > MAX_PATH_CHARS:
             path = path[: MAX_PATH_CHARS - 3] + "..."
-        source = _SOURCE_NAMES[cost.source]  # not .value: an Enum's value is a Python-level property (3.11)
+        # The member's _value_ (Enum's documented attribute behind .value): on 3.11 .value is a Python-level
+        # property, and a dict keyed by members calls Enum.__hash__, also Python code; this runs per request.
+        source = cost.source._value_
         costed_as = cost.route if cost.source is CostSource.SHAPE else source
         self.total += 1
         self.by_source[source] = self.by_source.get(source, 0) + 1

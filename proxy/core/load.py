@@ -162,7 +162,7 @@ class LoadEstimator:
         cap = self.capacity
         n = len(cap.limits)
         if n == 1:  # the usual sidecar: one upstream, no generator per arrival
-            limit = cap.limit(0)
+            limit = cap.limits[0].value if cap.factors[0] == 1.0 else cap.limit(0)  # limit(0), its fast case inline
             return limit <= 0 or cap.requests[0] < limit
         limit = sum(cap.limit(i) for i in range(n))
         return limit <= 0 or sum(cap.requests) < limit

@@ -58,7 +58,6 @@ from typing import Any, Protocol
 import trio
 
 from proxy.core import wire
-from proxy.core.arrival import service_key
 from proxy.core.decisions import ExpiredAt, Outcome, Reject, Ticket, deadline_expired
 from proxy.core.grpc_wire import is_grpc
 from proxy.core.served_paths import ServedPaths
@@ -309,7 +308,7 @@ class RequestPath:
             now = trio.current_time()
         queue_ms, upstream = lease.queue_ms, lease.upstream  # the lease's fields, not the Slot's properties
         edge.note_admitted(upstream, queue_ms)
-        key = service_key(ticket)  # once: the hint, its key header and the latency windows
+        key = ticket.key  # (route, cost bucket): the hint, its key header and the latency windows
         hint = p.observatory.timeout_hint_ms(ticket, now, lease.service_ms + queue_ms, key)
         extra = [
             (_QUEUE_MS, b"%d" % queue_ms),

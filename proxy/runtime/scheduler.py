@@ -278,9 +278,8 @@ class Scheduler:
         caller then owns the lease's end as `admit` would: `slot.close(exc_type)` on every exit."""
         ctl = self.controller
         decision = ctl.arrive(ticket, now)
-        woken = ctl.take_woken()
-        if woken:
-            self._deliver(woken)
+        if ctl.outbox:  # decisions for other waiters (rare on arrival): take_woken only then
+            self._deliver(ctl.take_woken())
         if isinstance(decision, Admit):
             if self._m:
                 self._m.admitted(decision)
@@ -417,7 +416,9 @@ class _Instruments:
 
     def released(self, lease: Lease, outcome: Outcome, rtt_ms: float | None, observed: Observed | None) -> None:
         i = lease.upstream
-        if self._ctl.capacity.limit(i) != self._limits[i]:  # limit_changes' test, inline: once per request
+        cap = self._ctl.capacity
+        limit = cap.limits[i].value if cap.factors[i] == 1.0 else cap.limit(i)  # cap.limit(i), its fast case inline
+        if limit != self._limits[i]:  # limit_changes' test, inline: once per request
             self.limit_changes(i)
         ticket = lease.ticket
         if outcome is Outcome.SUCCESS and rtt_ms is not None and ticket.expected_ms > 0:
