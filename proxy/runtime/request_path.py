@@ -369,7 +369,11 @@ class RequestPath:
         if result.reason is not None:
             self._count_rejection(ticket.klass, result.reason)
         elif 200 <= result.status < 300 and done_at <= ticket.deadline:
-            self._count_goodput(ticket.klass)
+            goodput = self._goodput.get(ticket.klass)  # _count_goodput's bound child, looked up inline
+            if goodput is None:
+                self._count_goodput(ticket.klass)
+            else:
+                goodput.inc()
         return None
 
     def _count_goodput(self, klass: str) -> None:
