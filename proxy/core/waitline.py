@@ -40,7 +40,7 @@ class Waitline:
     __slots__ = ("_expiry", "_fcfs_multiple", "_seq", "classes", "default_class", "entries", "picker", "queues")
 
     def __init__(self, scheduling: Scheduling, classes: dict[str, Any]) -> None:
-        self.entries: dict[int, Entry] = {}
+        self.entries: dict[int, Entry] = {}  # ticket id -> entry; the controller reads it for membership and emptiness
         self._expiry: list[tuple[float, int, Entry]] = []
         self._seq = itertools.count()
         self.queues: dict[str, ClassQueue] = {}
