@@ -104,7 +104,7 @@ class _Ready:
     ready = True
     warmers = ()
 
-    def report_result(self, index: int, ok: bool) -> None:
+    def report_result(self, index: int, ok: bool, now: float | None = None) -> None:
         pass
 
     def limit_factor(self, index: int) -> float:

@@ -90,7 +90,7 @@ from proxy.core.decisions import (
 from proxy.core.limits import make_limit
 from proxy.core.load import LoadEstimator
 from proxy.core.phantoms import STOPS, CancelHabit, Phantoms
-from proxy.core.quantiles import LatencyFamily, cost_bucket
+from proxy.core.quantiles import LatencyFamily
 from proxy.core.service_model import ServiceModels
 from proxy.core.shedding import deadline_unmeetable
 from proxy.core.sjf import Entry
@@ -156,7 +156,7 @@ class AdmissionController:
         self._ticket_ids, self._lease_ids = itertools.count(1), itertools.count(1)
         self._leases: dict[int, Lease] = {}
         self._charges: dict[int, int] = {}  # lease id -> units charged now (re-counted on reload)
-        self._outbox: list[Admit | Expired] = []
+        self.outbox: list[Admit | Expired] = []  # decisions for other waiters, until take_woken()
         # Completed samples not yet fed to the limits, load and models (release, _fold).
         self._samples: list[tuple[int, float, int, Ticket, float, Observed | None, float]] = []
         self._newcomer: int | None = None  # the ticket whose own decision arrive() returns
@@ -171,7 +171,7 @@ class AdmissionController:
         self.rejected: dict[str, int] = {}  # reason -> count
         self.models = ServiceModels()
         self.waitline = Waitline(policy.scheduling, policy.classes)
-        self.load: LoadEstimator | None = None  # built by _configure, once capacity exists
+        self.load: LoadEstimator  # built by _configure, once capacity exists
         self._configure(policy, None, 0.0)
 
     # --- arrival ----------------------------------------------------------
@@ -204,13 +204,17 @@ class AdmissionController:
         return Ticket(next(self._ticket_ids), klass, cost, expected, deadline, budget_ms, tenant)
 
     def arrive(self, ticket: Ticket, now: float) -> Admit | Enqueue | Reject:
+        # Per request: the common case (nothing queued, room under the limit) runs here with few
+        # calls; attribute reads stand in for the small methods that said the same (len(line.entries)
+        # for len(line), phantoms.live for _settle's test, _held's and _place's bodies inline).
         self._now = now
-        self._settle(now)
+        if self.phantoms.live:
+            self._settle(now)
         line = self.waitline
-        load = self._load
+        load = self.load
         if self._samples and not load.quiet():
             self._fold()  # not the quiet fast path: the limit and the estimates it is judged by are current
-        if line.get(ticket.id) is not None:
+        if ticket.id in line.entries:
             raise ValueError(f"ticket {ticket.id} is already queued")
         if now >= ticket.deadline:
             return self._reject(deadline_expired(ExpiredAt.ARRIVAL))
@@ -219,9 +223,15 @@ class AdmissionController:
             verdict = self.gate(ticket, now, load, service_ms)
             if verdict is not None:
                 return self._reject(verdict)
-        alone = not len(line)
-        if alone and not self._held(ticket):
-            placed = self._place(ticket, now, reserve_only=False)
+        alone = not line.entries
+        route = ticket.cost.route
+        if alone and (
+            ticket.deadline == math.inf  # _held: no deadline, nothing to protect
+            or self._probes.get(route, 0) < self._unjudged_in_flight
+            or self.models.judged(route)
+        ):
+            units = 1 if self._unit_requests else max(1, ticket.cost.units)  # _units
+            placed = self.capacity.place(ticket.klass, units, now, self.balancer, False)
             if placed is not None:
                 load.accepted(ticket, now)
                 return self._admit(ticket, placed, now, now, service_ms)
@@ -272,11 +282,12 @@ class AdmissionController:
             raise LeaseError(f"lease {lease.id} released twice or never granted")
         if outcome is not Outcome.SUCCESS:
             self._fold()  # the samples taken before this event first: the limit and models hear them in order
-        self._settle(now)
+        if self.phantoms.live:
+            self._settle(now)
         i, t = lease.upstream, lease.ticket
         inflight = self.capacity.used[i]
         charge = self._charges.pop(lease.id)
-        load = self._load
+        load = self.load
         load.inflight_expected_ms -= t.expected_ms
         cut = outcome is Outcome.CANCELLED and rtt_ms is not None
         if (
@@ -310,14 +321,16 @@ class AdmissionController:
             )
             samples = self._samples
             samples.append((i, rtt_ms / per, inflight, t, rtt_ms, observed, now))
-            if probe or len(samples) >= SAMPLE_BATCH or len(self.waitline) or self.models.warming(t.cost.route):
+            if probe or len(samples) >= SAMPLE_BATCH or self.waitline.entries or self.models.warming(t.cost.route):
                 self._fold()
         elif outcome is Outcome.REFUSED:
             self.balancer.mark_refused(i, now)
         elif outcome is Outcome.DROPPED:  # overload signal: back off, latency or not
             self.capacity.limits[i].on_sample(now, rtt_ms or 0.0, inflight, True)
-        self._dispatch(now)
-        return self.take_woken()
+        if self.waitline.entries:  # nobody waiting (the usual case): no round to run
+            self._dispatch(now)
+        woken, self.outbox = self.outbox, []  # take_woken(), inline: once per request
+        return woken
 
     def _fold(self) -> None:
         """Feed the completed samples taken since the last fold, in order: each upstream's limit, the
@@ -326,7 +339,7 @@ class AdmissionController:
         if not samples:
             return
         self._samples = []
-        limits, load = self.capacity.limits, self._load
+        limits, load = self.capacity.limits, self.load
         learned = []
         for i, latency, inflight, t, rtt_ms, observed, now in samples:
             if i < len(limits):  # a reload may have dropped the upstream
@@ -375,7 +388,7 @@ class AdmissionController:
     def _end_phantom(self, p: Phantom) -> None:
         lease = p.lease
         self.capacity.give(lease.upstream, lease.ticket.klass, self._charges.pop(lease.id))
-        self._load.inflight_expected_ms -= p.remaining_ms
+        self.load.inflight_expected_ms -= p.remaining_ms
 
     def next_phantom_end(self) -> float | None:
         """When the next phantom lease ends (None: none held)."""
@@ -430,7 +443,7 @@ class AdmissionController:
         freed = self._settle(now)
         due = self.waitline.pop_due(now)
         for _ in due:
-            self._load.left(now)
+            self.load.left(now)
         self.counts["expired"] += len(due)
         if due or freed:
             self._dispatch(now)
@@ -447,7 +460,7 @@ class AdmissionController:
         self.balancer.mark_refused(index, now)
 
     def take_woken(self) -> list[Admit | Expired]:
-        out, self._outbox = self._outbox, []
+        out, self.outbox = self.outbox, []
         return out
 
     def depth(self, klass: str) -> int:
@@ -495,8 +508,8 @@ class AdmissionController:
         self.capacity.take(i, ticket.klass, charge)
         self._leases[lease.id] = lease
         self._charges[lease.id] = charge
-        self._load.inflight_expected_ms += ticket.expected_ms
-        if ticket.deadline != math.inf and not self.models.judged(ticket.cost.route):
+        self.load.inflight_expected_ms += ticket.expected_ms
+        if ticket.deadline != math.inf and not self.models.judged(ticket.cost.route):  # a probe of an unjudged route
             self._probe_leases.add(lease.id)
             self._probes[ticket.cost.route] = self._probes.get(ticket.cost.route, 0) + 1
         self.counts["admitted"] += 1
@@ -505,7 +518,7 @@ class AdmissionController:
     def _dispatch(self, now: float) -> None:
         """Admit (or expire) waiting tickets while room allows; see the module docstring."""
         line, cap = self.waitline, self.capacity
-        while len(line):
+        while line.entries:
             if not cap.has_room():
                 return  # the usual saturated case; expiries are found by expire(now)
             progressed = blocked = False
@@ -516,7 +529,7 @@ class AdmissionController:
                 if expires_at is not None and now >= expires_at and t.id != self._newcomer:
                     self._remove(entry)
                     self.counts["expired"] += 1
-                    self._outbox.append(Expired(t, (now - entry.enqueued_at) * 1000.0))
+                    self.outbox.append(Expired(t, (now - entry.enqueued_at) * 1000.0))
                     progressed = True
                     break
                 placed = self._place(t, now, reserve_only=blocked)
@@ -532,14 +545,14 @@ class AdmissionController:
                     service_ms = self.service_ms(t, now)
                     if self._too_late(t, now, service_ms):  # likely cut at its deadline: not started
                         self.counts["expired"] += 1
-                        self._outbox.append(Expired(t, (now - entry.enqueued_at) * 1000.0))
+                        self.outbox.append(Expired(t, (now - entry.enqueued_at) * 1000.0))
                         progressed = True
                         break
                 admit = self._admit(t, placed, now, entry.enqueued_at, service_ms)
                 if t.id == self._newcomer:
                     self._newcomer_admit = admit
                 else:
-                    self._outbox.append(admit)
+                    self.outbox.append(admit)
                 progressed = True
                 break
             if not progressed:
@@ -547,7 +560,7 @@ class AdmissionController:
 
     def _remove(self, entry: Entry) -> None:
         self.waitline.remove(entry)
-        self._load.left(self._now)
+        self.load.left(self._now)
 
     def _too_late(self, ticket: Ticket, now: float, service_ms: float) -> bool:
         """The arrival's deadline rule again at dequeue, for on_unmeetable = "reject" classes: the
@@ -561,15 +574,9 @@ class AdmissionController:
         bucket, else the model's estimate; never below the censored floor of its shape (the p99
         of the requests that finished is a survivor's figure when most are cut, core/censored.py)."""
         c = ticket.cost
-        p99 = None if self.service is None else self.service.quantile((c.route, cost_bucket(c.units)), 0.99, now)
+        p99 = None if self.service is None else self.service.quantile(ticket.key, 0.99, now)
         estimate = dl.service_estimate_ms(p99, ticket.expected_ms)
         return max(estimate, self.models.floor_ms(c.route, c.prompt_tokens, c.output_tokens, now))
-
-    @property
-    def _load(self) -> LoadEstimator:
-        load = self.load
-        assert load is not None  # built in __init__ (by _configure)
-        return load
 
     def _reject(self, verdict: Reject) -> Reject:
         rejected = self.rejected
@@ -607,7 +614,7 @@ class AdmissionController:
             sched.model_prior_samples,
         )
         self._configure_capacity(policy, old)
-        if self.load is None:
+        if not hasattr(self, "load"):
             self.load = LoadEstimator(policy, self.waitline, self.capacity)
         else:
             self.load.capacity = self.capacity  # rebuilt by _configure_capacity
@@ -644,7 +651,7 @@ class AdmissionController:
         self._fold()
         now = self._now if now is None else now
         classes = self.waitline.statistics(now)
-        arrivals, leaves, drain = self._load.rates(now)
+        arrivals, leaves, drain = self.load.rates(now)
         cap = self.capacity
         return {
             "order": self.policy.scheduling.order,

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 
 from proxy.core import deadline as dl
 from proxy.core.decisions import Reject, Ticket
-from proxy.core.quantiles import cost_bucket
 from proxy.core.shedding import Shedder, arrival_verdict
 from proxy.core.token_bucket import TenantQuota
 
@@ -47,8 +46,8 @@ def ranked_classes(policy: Policy) -> tuple[str, ...]:
 
 
 def service_key(ticket: Ticket) -> tuple[str, int]:
-    """How service-time samples are keyed: (route, power-of-two cost bucket)."""
-    return ticket.cost.route, cost_bucket(ticket.cost.units)
+    """How service-time samples are keyed: (route, power-of-two cost bucket), made with the ticket."""
+    return ticket.key
 
 
 class ArrivalGate:
@@ -70,12 +69,15 @@ class ArrivalGate:
             snap = None
         else:
             snap = load.snapshot(now, self.ranked, gpu)
+        deadline = self.deadline_verdict(ticket, now, load, service_ms)
+        if snap is None and self.tenants is None and deadline.__class__ is dl.Meetable:
+            return None  # what arrival_verdict answers here (no quota, no load rule, the deadline holds), one call less
         return arrival_verdict(
             self.shedder,
             snap,
             rank,
             now,
-            self.deadline_verdict(ticket, now, load, service_ms),
+            deadline,
             self._on_unmeetable[ticket.klass],
             self.tenants,
             ticket.tenant,
@@ -87,7 +89,8 @@ class ArrivalGate:
         return self._rank.get(klass, len(self.ranked) - 1)
 
     def dequeued(self, klass: str, wait_ms: float, now: float) -> None:
-        self.shedder.on_dequeue(wait_ms, self.rank(klass), now)
+        rank = self._rank.get(klass)  # self.rank(klass), inline: once per admission
+        self.shedder.on_dequeue(wait_ms, len(self.ranked) - 1 if rank is None else rank, now)
 
     def retry_after(self, wait_ms: float) -> int:
         return self.shedder.retry_after(wait_ms)

@@ -106,7 +106,7 @@ class Capacity:
     def fits(self, i: int, klass: str, units: int, reserve_only: bool = False) -> int | None:
         """Units to charge for placing `units` of `klass` on upstream i, or None if it does not fit."""
         if not self.reserved_total:  # no reservations (the usual policy): the general pool is all of it
-            limit = self.limit(i)
+            limit = self.limits[i].value if self.factors[i] == 1.0 else self.limit(i)  # limit(i), its fast case inline
             if limit <= 0:
                 return None
             charge = min(units, limit)

@@ -248,9 +248,12 @@ class UnmatchedPaths:
             path = path.split("?", 1)[0]
         if len(path) > MAX_PATH_CHARS:
             path = path[: MAX_PATH_CHARS - 3] + "..."
-        costed_as = cost.route if cost.source is CostSource.SHAPE else cost.source.value
+        # The member's _value_ (Enum's documented attribute behind .value): on 3.11 .value is a Python-level
+        # property, and a dict keyed by members calls Enum.__hash__, also Python code; this runs per request.
+        source = cost.source._value_
+        costed_as = cost.route if cost.source is CostSource.SHAPE else source
         self.total += 1
-        self.by_source[cost.source.value] = self.by_source.get(cost.source.value, 0) + 1
+        self.by_source[source] = self.by_source.get(source, 0) + 1
         entry = self._paths.get(path)
         if entry is not None:
             entry[0] += 1

@@ -18,6 +18,7 @@ import enum
 from dataclasses import dataclass
 
 from proxy.core.cost import Cost
+from proxy.core.quantiles import cost_bucket
 from proxy.core.values import Value
 from proxy.core.wire import Reason, rejection
 
@@ -35,7 +36,10 @@ class Outcome(enum.Enum):
 class Ticket(Value):
     """One request at arrival: class, cost, expected service time, absolute deadline."""
 
-    __slots__ = _FIELDS = ("id", "klass", "cost", "expected_ms", "deadline", "budget_ms", "tenant")
+    _FIELDS = ("id", "klass", "cost", "expected_ms", "deadline", "budget_ms", "tenant")
+    # key: how its service-time samples are keyed, (route, cost bucket): derived from cost, made once here
+    # (the arrival's p99, the timeout hint and the latency windows each read it).
+    __slots__ = (*_FIELDS, "key")
 
     def __init__(
         self,
@@ -54,6 +58,7 @@ class Ticket(Value):
         self.deadline = deadline
         self.budget_ms = budget_ms
         self.tenant = tenant
+        self.key = (cost.route, cost_bucket(cost.units))
 
     def with_class(self, klass: str) -> Ticket:
         """The same ticket in another class (a reload removed its own)."""

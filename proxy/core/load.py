@@ -157,13 +157,14 @@ class LoadEstimator:
         """Nothing queued and the requests in flight below the limit: no load rule can shed an
         arrival (queue_length needs one queued ahead, saturation in-flight at the limit), so the
         arrival gate skips the snapshot (proxy/core/arrival.py ArrivalGate.__call__)."""
-        if len(self.waitline):
+        if self.waitline.entries:  # (runs twice per arrival: attribute reads, not len() on the classes)
             return False
         cap = self.capacity
-        if len(cap) == 1:  # the usual sidecar: one upstream, no generator per arrival
-            limit = cap.limit(0)
+        n = len(cap.limits)
+        if n == 1:  # the usual sidecar: one upstream, no generator per arrival
+            limit = cap.limits[0].value if cap.factors[0] == 1.0 else cap.limit(0)  # limit(0), its fast case inline
             return limit <= 0 or cap.requests[0] < limit
-        limit = sum(cap.limit(i) for i in range(len(cap)))
+        limit = sum(cap.limit(i) for i in range(n))
         return limit <= 0 or sum(cap.requests) < limit
 
     def service_quantiles(self, now: float) -> tuple[float, float]:

@@ -53,24 +53,24 @@ class Phantom:
 
 
 class Phantoms:
-    __slots__ = ("_heap", "_live", "ended")
+    __slots__ = ("_heap", "live", "ended")
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Phantom]] = []
-        self._live: dict[int, Phantom] = {}  # lease id -> phantom
+        self.live: dict[int, Phantom] = {}  # lease id -> phantom
         self.ended = 0
 
     def __len__(self) -> int:
-        return len(self._live)
+        return len(self.live)
 
     def __iter__(self) -> Iterator[Phantom]:
-        return iter(list(self._live.values()))
+        return iter(list(self.live.values()))
 
     def add(self, lease: Lease, charge: int, now: float, remaining_ms: float) -> Phantom:
-        if lease.id in self._live:
+        if lease.id in self.live:
             raise ValueError(f"lease {lease.id} is already a phantom")
         p = Phantom(lease, charge, now, now + remaining_ms / 1000.0, remaining_ms)
-        self._live[lease.id] = p
+        self.live[lease.id] = p
         heapq.heappush(self._heap, (p.end_at, lease.id, p))
         return p
 
@@ -80,34 +80,34 @@ class Phantoms:
         heap = self._heap
         while heap and heap[0][0] <= now:
             _, lease_id, p = heapq.heappop(heap)
-            if self._live.get(lease_id) is p:
-                del self._live[lease_id]
+            if self.live.get(lease_id) is p:
+                del self.live[lease_id]
                 out.append(p)
         self.ended += len(out)
         return out
 
     def drop(self, upstream: int) -> list[Phantom]:
         """End every phantom on `upstream` now (lazy in the heap)."""
-        out = [p for p in self._live.values() if p.lease.upstream == upstream]
+        out = [p for p in self.live.values() if p.lease.upstream == upstream]
         for p in out:
-            del self._live[p.lease.id]
+            del self.live[p.lease.id]
         self.ended += len(out)
         return out
 
     def next_end(self) -> float | None:
         heap = self._heap
-        while heap and self._live.get(heap[0][1]) is not heap[0][2]:
+        while heap and self.live.get(heap[0][1]) is not heap[0][2]:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
     def on(self, upstream: int) -> list[Phantom]:
-        return [p for p in self._live.values() if p.lease.upstream == upstream]
+        return [p for p in self.live.values() if p.lease.upstream == upstream]
 
     def statistics(self, now: float) -> dict[str, Any]:
         return {
-            "live": len(self._live),
+            "live": len(self.live),
             "ended": self.ended,
-            "held_ms": sum(max(0.0, p.end_at - now) * 1000.0 for p in self._live.values()),
+            "held_ms": sum(max(0.0, p.end_at - now) * 1000.0 for p in self.live.values()),
         }
 
 

@@ -115,9 +115,18 @@ class WindowedQuantiles:
         if not pending:
             return
         self._pending = []
-        slot, total, index = self._head_slot, self._total, self.buckets.index
+        slot, total, b = self._head_slot, self._total, self.buckets
+        # LogBuckets.index, inline: a fold buckets every sample of every window (four windows a request)
+        lo, hi, top, inv, log, ceil = b.min_ms, b.max_ms, b.size - 1, b._inv_log_gamma, math.log, math.ceil
         for value in pending:
-            i = index(value)
+            if not value > lo:
+                i = 0
+            elif value >= hi:
+                i = top
+            else:
+                i = ceil(log(value / lo) * inv)
+                if i > top:
+                    i = top
             slot[i] = slot.get(i, 0) + 1
             total[i] += 1
         self._count += len(pending)
@@ -174,14 +183,16 @@ class WindowedQuantiles:
 
         Rank-based: the value of the ceil(q * count)-th smallest sample.
         """
-        self._advance(now)
+        if not now < self._head_until:  # _advance's own fast path, tested here: queries run per request
+            self._advance(now)
         if self.refresh_s and now < self._cache_until and q in self._cache:
             return self._cache[q]
         return self._computed(q, now)
 
     def quantile_if_counted(self, q: float, now: float, min_samples: int) -> float | None:
         """`quantile`, or None while fewer than `min_samples` are in the window (one advance for both)."""
-        self._advance(now)
+        if not now < self._head_until:  # as in quantile
+            self._advance(now)
         if self._count + len(self._pending) < min_samples:
             return None
         if self.refresh_s and now < self._cache_until and q in self._cache:
@@ -251,9 +262,17 @@ class LatencyFamily:
 
     def record(self, key: object, value_ms: float, now: float) -> None:
         trackers = self._trackers
-        if key == self._newest and key in trackers:  # already the most recent: no pop and re-insert
-            trackers[key].record(value_ms, now)
-            return
+        if key == self._newest:  # already the most recent: no pop and re-insert
+            tracker = trackers.get(key)
+            if tracker is not None:
+                if now < tracker._head_until:  # WindowedQuantiles.record's fast path, inline (3 a request)
+                    pending = tracker._pending
+                    pending.append(value_ms)
+                    if len(pending) >= FOLD_EVERY:
+                        tracker._fold()
+                else:
+                    tracker.record(value_ms, now)
+                return
         tracker = trackers.pop(key, None)
         self._newest = key
         if tracker is None:
@@ -267,7 +286,18 @@ class LatencyFamily:
     def quantile(self, key: object, q: float, now: float) -> float | None:
         """The key's q-quantile, or None while it has fewer than `min_samples` in its window."""
         tracker = self._trackers.get(key)
-        return None if tracker is None else tracker.quantile_if_counted(q, now, self.min_samples)
+        if tracker is None:
+            return None
+        # quantile_if_counted's cached answer, inline (two queries a request): no advance due, enough
+        # samples, a cached value still fresh; anything else goes the whole way.
+        if (
+            now < tracker._head_until
+            and now < tracker._cache_until
+            and tracker._count + len(tracker._pending) >= self.min_samples
+            and q in tracker._cache
+        ):
+            return tracker._cache[q]
+        return tracker.quantile_if_counted(q, now, self.min_samples)
 
     def tracker(self, key: object) -> WindowedQuantiles | None:
         return self._trackers.get(key)

@@ -59,11 +59,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from proxy.core import deadline as dl
-from proxy.core.codel import CoDel, CoDelStatistics
+from proxy.core.codel import CoDel, CoDelStatistics, Mode
 from proxy.core.decisions import Reject
 from proxy.core.retry_after import RetryAfter, drain_ms
 from proxy.core.token_bucket import TenantQuota
 from proxy.core.wire import Reason
+
+DROPPING = Mode.DROPPING  # a module constant: passes_quiet compares to it per arrival
 
 
 def class_weights(n_classes: int, step: float) -> tuple[float, ...]:
@@ -201,7 +203,7 @@ class Shedder:
                     codel.observe(0.0, now)
                 self._zeros_until = min(codel.interval_end for codel in codels)
             for k in range(rank + 1):
-                if codels[k].dropping:
+                if codels[k].mode is DROPPING:  # CoDel.dropping's test, without the property call
                     return False
         return self._gpu_cap is None or gpu_memory_fraction < self._gpu_cap[rank]
 

@@ -37,10 +37,10 @@ if TYPE_CHECKING:
 
 
 class Waitline:
-    __slots__ = ("_entries", "_expiry", "_fcfs_multiple", "_seq", "classes", "default_class", "picker", "queues")
+    __slots__ = ("_expiry", "_fcfs_multiple", "_seq", "classes", "default_class", "entries", "picker", "queues")
 
     def __init__(self, scheduling: Scheduling, classes: dict[str, Any]) -> None:
-        self._entries: dict[int, Entry] = {}
+        self.entries: dict[int, Entry] = {}  # ticket id -> entry; the controller reads it for membership and emptiness
         self._expiry: list[tuple[float, int, Entry]] = []
         self._seq = itertools.count()
         self.queues: dict[str, ClassQueue] = {}
@@ -51,12 +51,12 @@ class Waitline:
         self.default_class = scheduling.default_class
         self._fcfs_multiple = scheduling.fcfs_wait_multiple
         self.picker = ClassPicker(scheduling.class_mode, self.classes)
-        old = sorted(self._entries.values(), key=lambda e: e.seq)
+        old = sorted(self.entries.values(), key=lambda e: e.seq)
         self.queues = {
             name: ClassQueue(name, scheduling.order, scheduling.aging_ms_per_s, c.max_queue_wait_ms / 1000.0)
             for name, c in self.classes.items()
         }
-        self._entries, self._expiry = {}, []
+        self.entries, self._expiry = {}, []
         for e in old:
             t = e.ticket
             if t.klass not in self.queues:
@@ -66,10 +66,10 @@ class Waitline:
     # --- membership -------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.entries)
 
     def get(self, ticket_id: int) -> Entry | None:
-        return self._entries.get(ticket_id)
+        return self.entries.get(ticket_id)
 
     def depth(self, klass: str) -> int:
         q = self.queues.get(klass)
@@ -103,7 +103,7 @@ class Waitline:
                     fcfs_due = min(fcfs_due, start + (expires - slot_ms / 1000.0 - start) / 2.0)
         entry = Entry(ticket, enq, next(self._seq) if seq is None else seq, fcfs_due)
         self.queues[ticket.klass].push(entry)
-        self._entries[ticket.id] = entry
+        self.entries[ticket.id] = entry
         at = self.expires_at(ticket)
         if at is not None:
             heapq.heappush(self._expiry, (at, entry.seq, entry))
@@ -111,7 +111,7 @@ class Waitline:
 
     def remove(self, entry: Entry) -> None:
         self.queues[entry.ticket.klass].remove(entry)
-        del self._entries[entry.ticket.id]
+        del self.entries[entry.ticket.id]
 
     # --- expiry -----------------------------------------------------------
 
@@ -124,7 +124,7 @@ class Waitline:
         return ticket.deadline - ticket.expected_ms / 1000.0
 
     def expiry_of(self, ticket_id: int) -> float | None:
-        entry = self._entries.get(ticket_id)
+        entry = self.entries.get(ticket_id)
         return None if entry is None else self.expires_at(entry.ticket)
 
     def pop_due(self, now: float) -> list[Entry]:
@@ -209,4 +209,4 @@ class Waitline:
         return out
 
     def __repr__(self) -> str:
-        return f"<Waitline {len(self._entries)} waiting { {n: q.live for n, q in self.queues.items()} }>"
+        return f"<Waitline {len(self.entries)} waiting { {n: q.live for n, q in self.queues.items()} }>"

@@ -40,10 +40,13 @@ def classify(request: Request, fields: Fields, body: bytes, now: float, schedule
     limits = policy.classes[klass]
     budget = dl.budget_ms(timeout, grpc_timeout, default_ms=limits.default_timeout_ms, max_ms=limits.max_timeout_ms)
     hint = None if cost_hint is None else wire.parse_cost_hint(cost_hint)
-    cost = scheduler.estimate(request.path.decode("latin-1"), body, hint)
+    # The controller's estimator and ticket directly (scheduler.estimate and .ticket pass them through):
+    # two Python calls fewer per request.
+    ctl = scheduler.controller
+    cost = ctl.estimator.estimate(request.path.decode("latin-1"), body, hint)
     if cost.source is CostSource.TOO_DEEP:
         raise BodyError("JSON nested too deeply (the sidecar parses bodies to estimate their cost)")
     tenant = b""
     if policy.tenants.enabled:
         tenant = tenant_key(fields.tenant, fields.authorization, trust_x_tenant=policy.tenants.trust_x_tenant)
-    return scheduler.ticket(klass, cost, dl.deadline_at(now, budget), budget, tenant)
+    return ctl.ticket(klass, cost, dl.deadline_at(now, budget), budget, tenant, now)

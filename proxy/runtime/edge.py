@@ -223,7 +223,12 @@ class Edge:
 
     async def __call__(self, request: Request, sink: ResponseSink) -> None:
         fields = Fields.read(request.headers)  # the one pass over the headers (proxy/runtime/fields.py)
-        ex = Exchange(request, self._request_id(request, fields), request.received_at)
+        if fields.request_id is None:  # the usual case, _request_id's made branch inline: one is made here
+            rid = fields.request_id = request_ids.make(self._bits(128))
+            request.headers.append((_RID, rid))  # sent upstream with the request
+        else:
+            rid = self._request_id(request, fields)
+        ex = Exchange(request, rid, request.received_at)
         if self.tracing is not None:
             ex.span = self.tracing.start(request, ex)
         out = EdgeSink(sink, ex)

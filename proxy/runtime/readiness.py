@@ -90,9 +90,10 @@ class UpstreamLifecycles:
             await self.wait_ready()
         return self.ready
 
-    def report_result(self, index: int, ok: bool) -> None:
-        """From the request path: ok=False for a connect failure or a 5xx from upstream `index`."""
-        self.warmers[index].report_result(ok)
+    def report_result(self, index: int, ok: bool, now: float | None = None) -> None:
+        """From the request path: ok=False for a connect failure or a 5xx from upstream `index`
+        (`now`: the trio time the caller read already, else read here)."""
+        self.warmers[index].report_result(ok, now)
 
     def limit_factor(self, index: int) -> float:
         return self.warmers[index].limit_factor(trio.current_time())

@@ -88,7 +88,8 @@ _decode_usage = msgspec.json.Decoder(_WithUsage).decode
 class Forwarded(Value):
     """How one exchange ended (one per request: a plain value class, proxy/core/values.py)."""
 
-    __slots__ = _FIELDS = ("outcome", "status", "service_ms", "observed", "reason", "cut")
+    _FIELDS = ("outcome", "status", "service_ms", "observed", "reason", "cut")
+    __slots__ = (*_FIELDS, "ended_at")  # ended_at: a reading of the clock, not part of the value (eq, repr)
 
     def __init__(
         self,
@@ -98,6 +99,7 @@ class Forwarded(Value):
         observed: Observed | None = None,
         reason: wire.Reason | None = None,  # set when the sidecar answered for the upstream
         cut: bool = False,  # the response had started when the exchange failed: the client's stream must be aborted
+        ended_at: float | None = None,  # trio time the upstream's part ended, when read for service_ms
     ) -> None:
         self.outcome = outcome
         self.status = status
@@ -105,6 +107,7 @@ class Forwarded(Value):
         self.observed = observed
         self.reason = reason
         self.cut = cut
+        self.ended_at = ended_at
 
 
 class _Completion:
@@ -137,23 +140,27 @@ async def forward(
     *,
     scoped: bool = True,
     restamp: bool = True,
+    started: float | None = None,
 ) -> Forwarded:
     """One upstream exchange, relayed to `sink`; `on_complete` when the upstream's part is over (module
     doc). `restamp=False`: the caller knows the request carries no budget header (proxy/runtime/fields.py),
-    so there is nothing to rewrite."""
+    so there is nothing to rewrite. `started`: the trio time the caller read in this step (no checkpoint
+    since), the start of the service time; else read here."""
     headers = fwd.request_headers(request, pool.authority(upstream))
-    started = trio.current_time()
+    if started is None:
+        started = trio.current_time()
     if deadline is not None and restamp:
         _restamp_budget(headers, deadline - started)
     cap = started + timeout_s
     complete = _Completion(on_complete)
 
     def finished(status: int, observed: Observed | None) -> Forwarded:
-        service_ms = (trio.current_time() - started) * 1000.0
+        ended_at = trio.current_time()
+        service_ms = (ended_at - started) * 1000.0
         if status in (429, 503):
-            return complete(Forwarded(Outcome.DROPPED, status, service_ms))
+            return complete(Forwarded(Outcome.DROPPED, status, service_ms, ended_at=ended_at))
         outcome = Outcome.ERROR if status >= 500 else Outcome.SUCCESS
-        return complete(Forwarded(outcome, status, service_ms, observed))
+        return complete(Forwarded(outcome, status, service_ms, observed, ended_at=ended_at))
 
     try:
         if not scoped:  # ended at `bound` by the pool where it can (no scope per request), else by one scope

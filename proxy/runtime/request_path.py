@@ -58,7 +58,6 @@ from typing import Any, Protocol
 import trio
 
 from proxy.core import wire
-from proxy.core.arrival import service_key
 from proxy.core.decisions import ExpiredAt, Outcome, Reject, Ticket, deadline_expired
 from proxy.core.grpc_wire import is_grpc
 from proxy.core.served_paths import ServedPaths
@@ -112,7 +111,7 @@ class Readiness(Protocol):
 
     def not_ready_reason(self) -> str: ...
 
-    def report_result(self, index: int, ok: bool) -> None: ...
+    def report_result(self, index: int, ok: bool, now: float | None = None) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +163,9 @@ class RequestPath:
             return
         upload = passthrough.streamed(request, fields, p.batcher.batches)  # gRPC streams: the body goes up as it comes
         body = b"" if upload is not None else await request.body.read_all()
+        now = trio.current_time()  # read once: classify, the ticket and admission all run in this step
         try:
-            ticket = classify(request, fields, body, trio.current_time(), p.scheduler, p.policy)
+            ticket = classify(request, fields, body, now, p.scheduler, p.policy)
             request.klass = ticket.klass  # the class label of rampmeter_requests_total
             edge.note_ticket(ticket)  # access log, span
             key = fields.idempotency_key
@@ -175,7 +175,7 @@ class RequestPath:
             return
         if identity is None:
             await self.execute(
-                request, body if upload is None else upload, ticket, sink, parts=p, restamp=fields.has_budget
+                request, body if upload is None else upload, ticket, sink, parts=p, restamp=fields.has_budget, now=now
             )
         else:
             await self._idempotent(request, body, ticket, identity, sink, p)
@@ -227,10 +227,12 @@ class RequestPath:
         outlive: bool = False,
         parts: Collaborators | None = None,
         restamp: bool = True,
+        now: float | None = None,
     ) -> None:
         """Readiness, admission and the upstream exchange, all under the ticket's deadline (`outlive`:
         a background leader, which a server that keeps computing may finish past it; `restamp`: the client
-        sent a budget header, which the relay rewrites with what remains)."""
+        sent a budget header, which the relay rewrites with what remains; `now`: the trio time the caller
+        read in this same step, with no checkpoint since, which admission then uses)."""
         p = self._parts if parts is None else parts
         readiness, scheduler = p.readiness, p.scheduler
         if readiness.ready and not outlive and not p.batcher.batches(request):
@@ -239,10 +241,19 @@ class RequestPath:
             # (Request.deadline), and for an HTTP/2 client the relay (a clock check before a single
             # write; a scope only around a streamed answer: relay._relay).
             request.deadline = ticket.deadline
-            async with scheduler.admit(ticket) as slot:
-                refusal = slot.rejection
-                if refusal is None:
-                    refusal = await self._forward(request, body, ticket, slot, sink, p, scoped=False, restamp=restamp)
+            decided = scheduler.arrive(ticket, trio.current_time() if now is None else now)
+            slot = decided if isinstance(decided, Slot) else await scheduler.wait(decided)
+            refusal = slot.rejection
+            if refusal is None:
+                # `async with scheduler.admit(...)` spelled out: two coroutine layers fewer per request
+                try:
+                    refusal = await self._forward(
+                        request, body, ticket, slot, sink, p, scoped=False, restamp=restamp, now=now
+                    )
+                except BaseException as exc:
+                    slot.close(type(exc))
+                    raise
+                slot.close(None)
             if refusal is not None:
                 await self.reject(sink, refusal, ticket.klass)
             return
@@ -285,20 +296,25 @@ class RequestPath:
         p: Collaborators,
         scoped: bool = True,
         restamp: bool = True,
+        now: float | None = None,
     ) -> Reject | None:
         """Forward and relay, with the queue wait and the timeout hint as headers. Whether the
-        deadline still covers the service time was admission's to judge (proxy/core/admission.py)."""
-        now = trio.current_time()
-        queue_ms = slot.queue_ms
-        edge.note_admitted(slot.upstream, queue_ms)
-        key = service_key(ticket)  # once: the hint, its key header and the latency windows
-        hint = p.observatory.timeout_hint_ms(ticket, now, slot.service_ms + queue_ms, key)
+        deadline still covers the service time was admission's to judge (proxy/core/admission.py).
+        `now`: the time admission was asked at; still the time if the lease was granted then (admitted
+        at once: no checkpoint since), so no clock read for it."""
+        lease = slot.lease
+        assert lease is not None  # forwarded only with a lease (slot.rejection is None)
+        if now is None or lease.admitted_at != now:
+            now = trio.current_time()
+        queue_ms, upstream = lease.queue_ms, lease.upstream  # the lease's fields, not the Slot's properties
+        edge.note_admitted(upstream, queue_ms)
+        key = ticket.key  # (route, cost bucket): the hint, its key header and the latency windows
+        hint = p.observatory.timeout_hint_ms(ticket, now, lease.service_ms + queue_ms, key)
         extra = [
             (_QUEUE_MS, b"%d" % queue_ms),
             (_HINT_MS, b"%d" % hint),
             (_HINT_KEY, _hint_key(key)),
         ]
-        upstream = slot.upstream
         timeout_s = p.policy.upstreams[upstream].timeout_s
         if not isinstance(body, bytes):  # a streamed body that arrived whole while it queued goes as bytes
             body = await passthrough.settle(body, request)
@@ -309,7 +325,7 @@ class RequestPath:
             if r.reason is wire.Reason.DEADLINE_EXPIRED:
                 slot.cut()
             else:
-                slot.done(r.outcome, r.service_ms, r.observed)
+                slot.done(r.outcome, r.service_ms, r.observed, r.ended_at)
 
         try:
             if scoped:  # the batcher forwards it alone (relay.forward) unless its route batches (runtime/batcher.py)
@@ -329,6 +345,7 @@ class RequestPath:
                     release,
                     scoped=False,
                     restamp=restamp,
+                    started=now,
                 )
         except (UpstreamTimeout, trio.TooSlowError) as exc:  # unscoped only: the deadline passed mid-stream
             if not slot.released:
@@ -344,15 +361,19 @@ class RequestPath:
         if result.reason is wire.Reason.DEADLINE_EXPIRED:  # unscoped only: as the scope's cancellation would be
             self._count_rejection(ticket.klass, result.reason)
             return None
-        p.readiness.report_result(upstream, result.outcome not in _FAILED)
+        done_at = trio.current_time()
+        p.readiness.report_result(upstream, result.outcome not in _FAILED, done_at)
         if result.cut:
             raise ResponseCut("the upstream failed mid-response")  # relay logged it
-        done_at = trio.current_time()
         p.observatory.record(ticket, queue_ms, result.service_ms, done_at, key)
         if result.reason is not None:
             self._count_rejection(ticket.klass, result.reason)
         elif 200 <= result.status < 300 and done_at <= ticket.deadline:
-            self._count_goodput(ticket.klass)
+            goodput = self._goodput.get(ticket.klass)  # _count_goodput's bound child, looked up inline
+            if goodput is None:
+                self._count_goodput(ticket.klass)
+            else:
+                goodput.inc()
         return None
 
     def _count_goodput(self, klass: str) -> None:

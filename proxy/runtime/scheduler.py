@@ -88,16 +88,33 @@ class Slot:
         """The service time admission planned this request with (computed once, by the controller)."""
         return 0.0 if self.lease is None else self.lease.service_ms
 
-    def done(self, outcome: Outcome, rtt_ms: float | None = None, observed: Observed | None = None) -> None:
-        """End the lease; feeds the limit and the service model. Once only."""
+    def done(
+        self,
+        outcome: Outcome,
+        rtt_ms: float | None = None,
+        observed: Observed | None = None,
+        now: float | None = None,
+    ) -> None:
+        """End the lease; feeds the limit and the service model. Once only. `now`: the trio time
+        the caller read already in this step (the end of the exchange), else read here."""
         if self.lease is None or self._done:
             raise LeaseError("done() on a slot without a live lease")
         self._done = True
-        self._scheduler._release(self.lease, outcome, rtt_ms, observed)
+        self._scheduler._release(self.lease, outcome, rtt_ms, observed, now)
 
     @property
     def released(self) -> bool:
         return self._done
+
+    def close(self, exc_type: type[BaseException] | None) -> None:
+        """Leaving the lease's scope (`exc_type`: the exception it leaves by, None for a plain exit): a
+        lease not ended yet ends here, CANCELLED on trio.Cancelled (cut after this long upstream: a
+        censored sample), else ERROR. What `async with scheduler.admit(...)` does on exit."""
+        if self.lease is not None and not self._done:
+            if exc_type is not None and issubclass(exc_type, trio.Cancelled):
+                self.cut()
+            else:
+                self.done(Outcome.ERROR)
 
     def cut(self) -> None:
         """End a forwarded lease that was cut (deadline, client gone): CANCELLED with the time since
@@ -114,26 +131,21 @@ class Slot:
 class _Admission:
     """`async with scheduler.admit(ticket) as slot`: a class, not a generator, to stay cheap."""
 
-    __slots__ = ("_scheduler", "_slot", "_ticket")
+    __slots__ = ("_now", "_scheduler", "_slot", "_ticket")
 
-    def __init__(self, scheduler: Scheduler, ticket: Ticket) -> None:
-        self._scheduler, self._ticket = scheduler, ticket
+    def __init__(self, scheduler: Scheduler, ticket: Ticket, now: float | None) -> None:
+        self._scheduler, self._ticket, self._now = scheduler, ticket, now
         self._slot: Slot | None = None
 
     async def __aenter__(self) -> Slot:
-        slot = self._slot = await self._scheduler._acquire(self._ticket)
+        slot = self._slot = await self._scheduler._acquire(self._ticket, self._now)
         return slot
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
-        slot = self._slot
-        if slot is not None and slot.lease is not None and not slot._done:
-            cancelled = exc_type is not None and issubclass(exc_type, trio.Cancelled)
-            if cancelled:  # cut (deadline, client gone) after this long upstream: a censored sample
-                slot.cut()
-            else:
-                slot.done(Outcome.ERROR)
+        if self._slot is not None:
+            self._slot.close(exc_type)
         return False
 
 
@@ -197,9 +209,13 @@ class Scheduler:
         deadline: float = math.inf,
         budget_ms: int | None = None,
         tenant: bytes = b"",
+        now: float | None = None,
     ) -> Ticket:
-        """The ticket for a request of `klass` (resolved already: `resolve_class`)."""
-        return self.controller.ticket(klass, cost, deadline, budget_ms, tenant, trio.current_time())
+        """The ticket for a request of `klass` (resolved already: `resolve_class`); `now`: the trio
+        time the caller read in this step (a clock read costs three Python calls), else read here."""
+        return self.controller.ticket(
+            klass, cost, deadline, budget_ms, tenant, trio.current_time() if now is None else now
+        )
 
     def resolve_class(self, priority: bytes | str | None) -> str:
         """The class for an x-priority value; unknown values fall back to the default and are counted."""
@@ -208,8 +224,9 @@ class Scheduler:
             self._m.unknown_priority.inc()
         return klass
 
-    def admit(self, ticket: Ticket) -> _Admission:
-        return _Admission(self, ticket)
+    def admit(self, ticket: Ticket, now: float | None = None) -> _Admission:
+        """`now`: the trio time read in this same step (no checkpoint since), else read at entry."""
+        return _Admission(self, ticket, now)
 
     def learn_probe(self, path: str, body: bytes, latency_ms: float) -> None:
         """A warm-up probe answered in `latency_ms`: seed the route's service model with it."""
@@ -250,17 +267,30 @@ class Scheduler:
 
     # --- waiting ----------------------------------------------------------
 
-    async def _acquire(self, ticket: Ticket) -> Slot:
+    async def _acquire(self, ticket: Ticket, now: float | None = None) -> Slot:
+        decided = self.arrive(ticket, trio.current_time() if now is None else now)
+        return decided if isinstance(decided, Slot) else await self.wait(decided)
+
+    def arrive(self, ticket: Ticket, now: float) -> Slot | Enqueue:
+        """`admit` without the context manager, for the request path's fast path (two coroutine
+        layers fewer per request): the Slot when the arrival is decided at once (admitted, or
+        rejected), else the Enqueue to `await wait(...)` on, at once (no checkpoint between). The
+        caller then owns the lease's end as `admit` would: `slot.close(exc_type)` on every exit."""
         ctl = self.controller
-        decision = ctl.arrive(ticket, trio.current_time())
-        self._deliver(ctl.take_woken())
+        decision = ctl.arrive(ticket, now)
+        if ctl.outbox:  # decisions for other waiters (rare on arrival): take_woken only then
+            self._deliver(ctl.take_woken())
         if isinstance(decision, Admit):
             if self._m:
                 self._m.admitted(decision)
             return Slot(self, decision.lease, None)
         if isinstance(decision, Enqueue):
-            return await self._wait(decision)
+            return decision
         return Slot(self, None, decision)  # counted where it is answered: rampmeter_rejections_total
+
+    async def wait(self, enqueued: Enqueue) -> Slot:
+        """Wait for the queued ticket's Admit or expiry (an abandoned wait leaves nothing behind)."""
+        return await self._wait(enqueued)
 
     async def _wait(self, enqueued: Enqueue) -> Slot:
         ticket, ctl = enqueued.ticket, self.controller
@@ -308,19 +338,29 @@ class Scheduler:
             if self._m and isinstance(d, Admit):
                 self._m.admitted(d)
 
-    def _release(self, lease: Lease, outcome: Outcome, rtt_ms: float | None, observed: Observed | None) -> None:
+    def _release(
+        self,
+        lease: Lease,
+        outcome: Outcome,
+        rtt_ms: float | None,
+        observed: Observed | None,
+        now: float | None = None,
+    ) -> None:
         ctl = self.controller
+        if now is None:
+            now = trio.current_time()
         if outcome is Outcome.CANCELLED:  # only a cut can start a phantom lease (AdmissionController.release)
             before = ctl.next_phantom_end()
-            woken = ctl.release(lease, trio.current_time(), outcome, rtt_ms, observed)
+            woken = ctl.release(lease, now, outcome, rtt_ms, observed)
             after = ctl.next_phantom_end()
             if after is not None and (before is None or after < before):
                 self._phantom_changed.set()  # the timer task sleeps until the earliest end
         else:  # phantoms may end here, never start: the earliest end can only move later
-            woken = ctl.release(lease, trio.current_time(), outcome, rtt_ms, observed)
+            woken = ctl.release(lease, now, outcome, rtt_ms, observed)
         if self._m:
             self._m.released(lease, outcome, rtt_ms, observed)
-        self._deliver(woken)
+        if woken:
+            self._deliver(woken)
 
 
 def _or_inf(value: float | None) -> float:
@@ -375,7 +415,11 @@ class _Instruments:
             self._child("limit_changes", self._metrics.upstream(i), cap.limits[i].last_reason).inc()
 
     def released(self, lease: Lease, outcome: Outcome, rtt_ms: float | None, observed: Observed | None) -> None:
-        self.limit_changes(lease.upstream)
+        i = lease.upstream
+        cap = self._ctl.capacity
+        limit = cap.limits[i].value if cap.factors[i] == 1.0 else cap.limit(i)  # cap.limit(i), its fast case inline
+        if limit != self._limits[i]:  # limit_changes' test, inline: once per request
+            self.limit_changes(i)
         ticket = lease.ticket
         if outcome is Outcome.SUCCESS and rtt_ms is not None and ticket.expected_ms > 0:
             self._service_error.observe(rtt_ms / ticket.expected_ms)

@@ -206,8 +206,10 @@ class UpstreamWarmer:
 
     # --- acting on transitions --------------------------------------------------------
 
-    def report_result(self, ok: bool) -> None:
-        self.apply(self.lifecycle.request_result(trio.current_time(), ok))
+    def report_result(self, ok: bool, now: float | None = None) -> None:
+        transitions = self.lifecycle.request_result(trio.current_time() if now is None else now, ok)
+        if transitions:  # per request: a success changes no state, nothing to apply
+            self.apply(transitions)
 
     def apply(self, transitions: Sequence[Transition]) -> None:
         changed = False

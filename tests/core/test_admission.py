@@ -459,7 +459,7 @@ def test_inflight_never_exceeds_the_limit_and_overdue_entries_go_first(steps, li
     def check(admits):
         for d in admits:
             if isinstance(d, Expired):  # its deadline or wait bound came while it waited: no lease, no room
-                assert d.ticket.id not in ctl.waitline._entries
+                assert d.ticket.id not in ctl.waitline.entries
                 continue
             i = d.lease.upstream
             assert ctl.capacity.used[i] <= ctl.capacity.limit(i)
@@ -471,7 +471,7 @@ def test_inflight_never_exceeds_the_limit_and_overdue_entries_go_first(steps, li
         if op == "arrive":
             # Entries held for their unjudged route's first answer (unjudged_in_flight) may be passed.
             overdue = [
-                e for e in ctl.waitline._entries.values() if now >= e.enqueued_at + 0.3 and not ctl._held_entry(e)
+                e for e in ctl.waitline.entries.values() if now >= e.enqueued_at + 0.3 and not ctl._held_entry(e)
             ]
             d = ctl.arrive(
                 ticket(
@@ -493,7 +493,7 @@ def test_inflight_never_exceeds_the_limit_and_overdue_entries_go_first(steps, li
                 oldest_overdue = min(
                     (
                         e.enqueued_at
-                        for e in ctl.waitline._entries.values()
+                        for e in ctl.waitline.entries.values()
                         if now >= e.enqueued_at + 0.3 and not ctl._held_entry(e)
                     ),
                     default=None,
@@ -503,8 +503,8 @@ def test_inflight_never_exceeds_the_limit_and_overdue_entries_go_first(steps, li
                     or woken[0].lease.admitted_at - woken[0].lease.queue_ms / 1000 <= oldest_overdue + 1e-9
                 )
             check(woken)
-        elif op == "cancel" and ctl.waitline._entries:
-            ctl.cancel(sorted(ctl.waitline._entries)[n % len(ctl.waitline._entries)], now)
+        elif op == "cancel" and ctl.waitline.entries:
+            ctl.cancel(sorted(ctl.waitline.entries)[n % len(ctl.waitline.entries)], now)
             check(ctl.take_woken())
         elif op == "tick":
             now += n / 1000.0

@@ -35,7 +35,7 @@ def serial_run(
     def start(admit: Admit, now: float) -> None:
         t = admit.ticket
         if check_overdue and admit.lease.queue_ms > 0:
-            waiting = [e for e in ctl.waitline._entries.values() if e.due_at <= now]
+            waiting = [e for e in ctl.waitline.entries.values() if e.due_at <= now]
             if waiting:  # an overdue entry was waiting: the admitted one is overdue, and the oldest
                 due_at, enqueued_at = admitted_due[t.id]
                 assert due_at <= now and all(enqueued_at <= e.enqueued_at for e in waiting), (t, waiting)

@@ -203,7 +203,7 @@ class _Ready:
     def __init__(self) -> None:
         self.results: list[bool] = []
 
-    def report_result(self, index: int, ok: bool) -> None:
+    def report_result(self, index: int, ok: bool, now: float | None = None) -> None:
         self.results.append(ok)
 
 
