@@ -180,7 +180,14 @@ class App:
         )
         # Descriptors the data port's connections must leave free (proxy/http/server.py fd_cap).
         reserve = sum(u.max_connections for u in policy.upstreams) + ADMIN_LIMITS.max_connections + FD_BASE_RESERVE
-        self.data_server = Server(self.edge, policy.listen, metrics=metrics, name="data", fd_reserve=reserve)
+        self.data_server = Server(
+            self.edge,
+            policy.listen,
+            metrics=metrics,
+            name="data",
+            fd_reserve=reserve,
+            buffer_bodies=True,  # the request path reads HTTP/1.1 bodies whole before admission
+        )
         self.admin_server = Server(
             AdminHandler(
                 registry=metrics.registry,

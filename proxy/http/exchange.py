@@ -103,8 +103,14 @@ CLIENT_CLOSED = 499  # nginx's code for "client closed request": recorded, never
 class ServerContext:
     """State shared by all connections of one server: handler, limits, counters, metrics."""
 
-    def __init__(self, handler: Handler, limits: Listen, metrics: Metrics | None) -> None:
+    def __init__(
+        self, handler: Handler, limits: Listen, metrics: Metrics | None, *, buffer_bodies: bool = False
+    ) -> None:
         self.handler = handler
+        # The handler reads every HTTP/1.1 body whole before it acts (the sidecar's request path does): the
+        # connection may read a body still arriving before the handler starts (h1server, "request bodies").
+        # Off for handlers that answer while the body streams in (a duplex echo, a test upstream).
+        self.buffer_bodies = buffer_bodies
         self.limits = limits
         self.metrics = metrics
         self.patrol = Patrol(self)

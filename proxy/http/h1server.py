@@ -33,9 +33,11 @@ Socket I/O goes through `sockio`: between requests the connection waits for
 readability and then reads once; a response is written straight into the socket
 when the kernel takes it whole.
 
-Request bodies: a body that has not all arrived with its head is read to its end
-before the handler starts (`_preread`; nginx's request buffering), since the request
-path reads every HTTP/1.1 body whole before admission anyway. A stalled body then
+Request bodies: on a server whose handler reads every HTTP/1.1 body whole before it
+acts (`buffer_bodies`: the sidecar's data port, whose request path needs the body for
+admission), a body that has not all arrived with its head is read to its end before
+the handler starts (`_preread`; nginx's request buffering). Other handlers (the sim
+pod, a duplex echo) get the body as it streams in. A stalled body then
 costs a connection, its parser and a read, not the request path's coroutines and
 objects as well: under bench.attacks' stalled_bodies (4,096 held, thousands evicted a
 second) that was ~15 fewer GC-tracked objects per held connection, no handler started
@@ -291,7 +293,7 @@ class H1ServerConnection:
             handler = answer(413, f"request body larger than {limits.max_body_bytes} bytes")
         elif head.asterisk:
             handler = _options_asterisk
-        elif not body.complete and not head.expect_continue:
+        elif ctx.buffer_bodies and not body.complete and not head.expect_continue:
             # The body is still on its way: read it before the handler starts (module doc, "request bodies").
             ctx.patrol.forget(self)
             if not await self._preread(body):

@@ -203,13 +203,16 @@ class Server:
         name: str = "data",
         fd_reserve: int | None = None,
         defer_accepts: bool = True,
+        buffer_bodies: bool = False,
     ) -> None:
         """`fd_reserve`: descriptors to keep free beside this server's connections (None: no fd check).
-        `defer_accepts`: accept at the loop's idle time (module doc, accept priority); off for the admin port."""
+        `defer_accepts`: accept at the loop's idle time (module doc, accept priority); off for the admin port.
+        `buffer_bodies`: the handler reads each HTTP/1.1 body whole first, so the connection reads a body still
+        arriving before the handler starts (proxy/http/h1server.py, "request bodies"; the sidecar's data port)."""
         self.name = name
         self._defer_accepts = defer_accepts
         self.accepts_forced = 0  # accepts made at the floor: the loop had not gone idle for ACCEPT_DEFER_MAX_S
-        self._ctx = ServerContext(handler, limits, metrics)
+        self._ctx = ServerContext(handler, limits, metrics, buffer_bodies=buffer_bodies)
         self._fd_reserve = fd_reserve
         self._fd_cap: int | None = None  # set at serve() when the open-file limit lowers max_connections
         self._address = ""
