@@ -26,6 +26,16 @@ shared machine, and is also given as a ratio to HAProxy's in the same cell
 ("x HAProxy"); the load average before and after, and how busy the proxy's core
 was with other work (/proc/stat), say how quiet the machine was.
 
+`--keep-awake`: a busy loop at SCHED_IDLE priority (`chrt -i 0`) on the proxies' core
+for the whole run, so that core never halts between requests. On this project's VMs
+waking a halted vCPU is slow now and then: at 1,000 req/s HAProxy's own p99 was
+1.3-1.6 ms over direct's 0.2 ms with the core allowed to idle, 0.33 ms with it kept
+awake (2026-12-04, quiet). The loop takes only time nobody else wants (SCHED_IDLE
+yields to any runnable task at once), its CPU is not counted as "busy with other
+work", and the proxies' CPU per request is their own /proc figure either way. It
+measures what the proxies add where the core does not sleep (a loaded node, or
+bare metal with shallow C-states); run without it too and give both.
+
 Caveat: h2load's --rps is closed-loop within a client (HTTP/1.1: one request at a
 time), so at a rate a proxy cannot sustain the achieved rate falls short (it is
 reported) and latency leaves out the time requests waited to be sent.
@@ -229,9 +239,13 @@ def h2load(url: str, protocol: str, rate: int | None, seconds: float, cpu: int, 
 
 
 def measure(url: str, pid: int | None, protocol: str, rate: int | None, args, log: Path) -> dict:
+    spinner = getattr(args, "spinner_pid", None)  # --keep-awake's loop: its time is not other work
+    spun0 = cpu_seconds(spinner) if spinner else 0.0
     busy0, cpu0, t0 = core_busy_seconds(args.proxy_cpu), cpu_seconds(pid) if pid else 0.0, time.monotonic()
     fig = h2load(url, protocol, rate, args.seconds, args.client_cpu, log)
     wall, busy = time.monotonic() - t0, core_busy_seconds(args.proxy_cpu) - busy0
+    if spinner:
+        busy -= cpu_seconds(spinner) - spun0
     cpu = cpu_seconds(pid) - cpu0 if pid else 0.0
     if pid:
         fig["cpu_us_per_request"] = 1e6 * cpu / max(fig["requests"], 1)
@@ -274,7 +288,8 @@ def markdown(summary: dict, args, load: dict) -> str:
     setup = (
         f"{args.repeats} interleaved repeat(s) of {args.seconds:g} s per cell; proxies pinned to CPU "
         f"{args.proxy_cpu}, h2load + nginx on CPU {args.client_cpu}; h2load -c{CLIENTS} (HTTP/1.1 -m1, h2c "
-        f"-m10). Machine load: load average {load['before']} before, {load['after']} after; the proxy's core "
+        f"-m10).{' The proxies core kept awake (--keep-awake: a SCHED_IDLE busy loop).' if args.keep_awake else ''}"
+        f" Machine load: load average {load['before']} before, {load['after']} after; the proxy's core "
         f"was busy with other work {100 * statistics.median(others):.0f}% of the time (median over runs)."
     )
     legend = (
@@ -329,6 +344,22 @@ def targets_of(summary: dict, configs: list[str]) -> list[dict]:
             out.append(target(f"wire_cpu_us_per_request_{protocol}", wire, "<=", WIRE_CPU_US[protocol]))
             out.append(target(f"policy_cpu_us_over_wire_{protocol}", cpu - wire, "<=", POLICY_CPU_US[protocol]))
     return out
+
+
+@contextlib.contextmanager
+def _awake(args):
+    """--keep-awake: a busy loop at SCHED_IDLE on the proxies' core for the run (module doc)."""
+    require_tool("chrt")
+    loop = subprocess.Popen(
+        ["taskset", "-c", str(args.proxy_cpu), "chrt", "-i", "0", sys.executable, "-c", "while True: pass"]
+    )
+    args.spinner_pid = loop.pid
+    try:
+        yield
+    finally:
+        loop.kill()
+        loop.wait()
+        args.spinner_pid = None
 
 
 def start_proxies(configs: list[str], nginx: Nginx, args, stack: contextlib.ExitStack, tmp: Path) -> dict:
@@ -403,6 +434,11 @@ def main() -> None:
             help="comma-separated, from direct,rampmeter,haproxy,wire",
         )
         p.add_argument("--policy", help="rampmeter policy file (default: BENCH_POLICY, admission never queues)")
+        p.add_argument(
+            "--keep-awake",
+            action="store_true",
+            help="a SCHED_IDLE busy loop on the proxies' core, so it never halts between requests (module doc)",
+        )
 
     args = parse_args("overhead", __doc__, add)
     args.seconds = args.seconds or (2.0 if args.quick else 6.0)
@@ -416,6 +452,8 @@ def main() -> None:
     with Nginx(cpu=args.client_cpu) as nginx, contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, tmp, ignore_errors=True)
         urls = start_proxies(configs, nginx, args, stack, tmp)
+        if args.keep_awake:
+            stack.enter_context(_awake(args))
         for config in configs:  # warm up: connections, pools, caches
             h2load(urls[config][0]["http1"], "http1", None, 2.0, args.client_cpu, tmp / "warm.tsv")
         for protocol in PROTOCOLS:
@@ -446,6 +484,7 @@ def main() -> None:
             "repeats": args.repeats,
             "warmup_s_dropped": WARMUP_S,
             "stagger_ms": STAGGER_MS,
+            "keep_awake": args.keep_awake,
             "machine": machine(),
         },
     }
