@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -38,3 +39,18 @@ def free_port() -> int:
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """Undo `proxy.logs.configure` (the CLI's, run in-process by some tests) after each test.
+
+    It replaces the root logger's handlers with one on the sys.stderr of the moment: under
+    capsys a stream closed when that test ends, so every later log line in the worker went
+    to handleError ("--- Logging error ---" and a stack per line) in whichever test came next.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -128,11 +128,16 @@ class Patrol:
 
     # --- the task ---
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self.nursery = nursery
-            task_status.started()
-            while True:
-                await trio.sleep_until(self._pass(trio.current_time()))
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                task_status.started()
+                while True:
+                    await trio.sleep_until(self._pass(trio.current_time()))
+        finally:
+            # Closed: a handler still unwinding at shutdown (read_body's finally) must find no
+            # nursery to start a watcher in, not a closed one (RuntimeError, logged as a failure).
+            self.nursery = None
 
     def _pass(self, now: float) -> float:
         """Expire what is due and start watchers; returns when the next pass is due."""
