@@ -40,6 +40,13 @@ def add(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--repeats", type=int, default=None, help="direct / rampmeter pairs per case (default 1 quick, 2 full)"
     )
+    p.add_argument(
+        "--budget-ms",
+        type=int,
+        default=None,
+        help="the deadline fixed by hand for both sides: the clients' timeout and the policy's default-class budget "
+        "(calibrate's other classes and CoDel follow it), instead of the budget calibrate measured",
+    )
 
 
 def main() -> int:
@@ -56,7 +63,7 @@ def main() -> int:
         print(f"== {name}", flush=True)
         try:
             runs[name] = bench_server(
-                name, args.quick, duration, repeats, out, args.min_limit, args.engine_target_waiting
+                name, args.quick, duration, repeats, out, args.min_limit, args.engine_target_waiting, args.budget_ms
             )
         except (ServerFailed, ProcFailed, OSError, httpx.HTTPError, CalibrationError) as exc:
             print(f"bench: {name} could not be measured: {exc}", file=sys.stderr)
@@ -76,6 +83,7 @@ def bench_server(
     out: Path,
     min_limit: int | None,
     target_waiting: float | None = None,
+    budget_ms: int | None = None,
 ) -> dict:
     spec = SERVERS[name]
     with RunningServer(spec, out) as server:
@@ -87,7 +95,10 @@ def bench_server(
         cal_args = [spec.url, *spec.calibrate_args, *(["--quick"] if quick else [])]
         options = calibrate_cli.options_from(parser.parse_args(cal_args))
         cal = trio.run(calibrate, options)
-        text = policy_toml(cal, command="rampmeter calibrate " + " ".join(cal_args))
+        # --budget-ms: the same deadline on both sides, fixed by hand (round 1: budgets calibrated at a quiet
+        # moment met a slower machine, and the comparison became one of rejections).
+        hand = [] if budget_ms is None else ["--budget-ms", str(budget_ms)]
+        text = policy_toml(cal, command="rampmeter calibrate " + " ".join([*cal_args, *hand]), budget_ms=budget_ms)
         if min_limit:
             text = with_min_limit(text, min_limit)
         if target_waiting is not None:
@@ -111,6 +122,8 @@ def bench_server(
                 "stops_on_cancel": cal.stops_on_cancel,
                 "engine_gauges": cal.engine_gauges,
                 "budget_ms": budget,
+                "budget_by_hand": budget_ms is not None,
+                "calibrated_turn_ms": cal.turn_ms,
                 "policy": str(policy_path),
                 "min_limit_override": min_limit,
                 "engine_target_waiting_override": target_waiting,
@@ -256,7 +269,7 @@ def markdown(runs: dict, quick: bool) -> str:
             f"## {name}: {r['server']}",
             f"{r['habits']}. Calibrated in {c['duration_s']:.0f} s: limit {c['limit']} (knee {c['knee']} at "
             f"{c['knee_rps']:.1f}/s), {c['health']}, stops_on_cancel {c['stops_on_cancel']}, "
-            f"default budget {c['budget_ms']} ms; capacity (direct, closed loop) {r.get('capacity_rps', 0):.1f}/s; "
+            f"default budget {c['budget_ms']} ms{' (fixed by hand, --budget-ms)' if c.get('budget_by_hand') else ''}; capacity (direct, closed loop) {r.get('capacity_rps', 0):.1f}/s; "
             f"open-loop capacity (direct answers/s while offered 2x) {r.get('open_capacity_rps') or 0:.1f}/s.",
             "",
             "| case | target | req | ok | good/s | p50 ms | p99 ms | short p50 | long p50 | sheds | other non-2xx "

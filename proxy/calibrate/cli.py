@@ -46,6 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait-s", type=float, default=60.0, help="how long to wait for the server to be healthy")
     parser.add_argument("--timeout-s", type=float, default=120.0, help="client timeout of each request")
     parser.add_argument("--metrics-path", default="/metrics", help="where the server's Prometheus metrics are")
+    parser.add_argument(
+        "--budget-ms",
+        type=int,
+        default=None,
+        help="fix the default class's deadline budget by hand (ms) instead of the measured 4 turns; the other "
+        "classes and CoDel follow it",
+    )
 
 
 def options_from(args: argparse.Namespace) -> Options:
@@ -78,6 +85,9 @@ def options_from(args: argparse.Namespace) -> Options:
 
 def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe is noise here
+    if args.budget_ms is not None and args.budget_ms < 1:
+        print("rampmeter calibrate: --budget-ms must be at least 1", file=sys.stderr)
+        return 2
     try:
         options = options_from(args)
         cal = trio.run(calibrate, options)
@@ -85,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"rampmeter calibrate: {exc}", file=sys.stderr)
         return 2
     command = "rampmeter calibrate " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    text = policy_toml(cal, command=command.strip())
+    text = policy_toml(cal, command=command.strip(), budget_ms=args.budget_ms)
     try:
         check_policy(text)
     except PolicyError as exc:  # a bug here, not the user's: say so and show the text

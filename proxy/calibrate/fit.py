@@ -32,6 +32,9 @@ driver (`measure.py`) collected, so each rule is tested with numbers by hand.
   sent direct ran out at that budget too).
 - `budgets(turn_ms)`: class deadline budgets in turns (CLASS_TURNS): the
   default class has 4, so a request may wait up to three turns for a slot.
+  With `default_ms` (`--budget-ms`) the default class's budget is fixed by
+  hand and the turn is a quarter of it: a budget measured at a quiet moment
+  meets the load of another (round 1 on vLLM: 4 s budgets, 2-6 s answers).
 - `engine_queue_ceiling(steps)`: the `max_limit` for `kind = "engine_queue"`:
   the first sweep step at which requests stood in the engine's own queue (the
   knee, if later). Between the engine's batch and there, the limit finds by
@@ -282,12 +285,20 @@ def metrics_interval_s(step: SweepStep) -> float:
 
 
 CLASS_TURNS = {"realtime": 2.0, "interactive": 4.0, "batch": 30.0}  # default budget, in turns
+DEFAULT_CLASS = "interactive"  # the class the written policy makes the default
 MIN_BUDGET_MS = 100
 
 
-def budgets(turn_ms: float) -> dict[str, int]:
-    """Default deadline budget per class: CLASS_TURNS turns, two significant digits, at least MIN_BUDGET_MS."""
-    return {name: max(MIN_BUDGET_MS, round_up(turns * turn_ms)) for name, turns in CLASS_TURNS.items()}
+def budgets(turn_ms: float, default_ms: int | None = None) -> dict[str, int]:
+    """Default deadline budget per class: CLASS_TURNS turns, two significant digits, at least MIN_BUDGET_MS.
+    `default_ms`: the default class's budget fixed by hand (`--budget-ms`), exactly; the other classes
+    keep their turns of the turn it makes (a quarter of it)."""
+    if default_ms is not None:
+        turn_ms = default_ms / CLASS_TURNS[DEFAULT_CLASS]
+    out = {name: max(MIN_BUDGET_MS, round_up(turns * turn_ms)) for name, turns in CLASS_TURNS.items()}
+    if default_ms is not None:
+        out[DEFAULT_CLASS] = default_ms
+    return out
 
 
 def round_up(ms: float, digits: int = 2) -> int:

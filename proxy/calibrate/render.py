@@ -12,7 +12,8 @@ figures for and nothing else (every other key keeps its documented default):
   engine's batch and bounded by `fit.engine_queue_ceiling`, with `[gpu]`
   reading the gauges every `fit.metrics_interval_s`;
 - `[scheduling]`, `[classes.*]`: SJF, and class budgets in turns (`fit.budgets`)
-  of the slowest request measured, under load where it was (`fit.turn`);
+  of the slowest request measured, under load where it was (`fit.turn`), or of a
+  quarter of the default class's budget where it is fixed by hand (`budget_ms`);
 - `[[routes]]`: one per route found, its priors fitted from the medians alone,
   chars_per_token and output_fill_ratio from the server's usage where reported,
   and a catch-all;
@@ -36,6 +37,7 @@ import msgspec
 
 from proxy.calibrate.fit import (
     CLASS_TURNS,
+    DEFAULT_CLASS,
     METRICS_INTERVAL_S,
     at_limit,
     budgets,
@@ -62,12 +64,17 @@ def supports(section: type, **fields) -> bool:
     return True
 
 
-def policy_toml(cal: Calibration, *, command: str = "", when: datetime.datetime | None = None) -> str:
+def policy_toml(
+    cal: Calibration, *, command: str = "", when: datetime.datetime | None = None, budget_ms: int | None = None
+) -> str:
+    """The commented policy; `budget_ms` fixes the default class's budget by hand (the other classes,
+    CoDel's target and interval follow it as they follow a measured one)."""
     when = when or datetime.datetime.now(datetime.UTC)
     out: list[str] = []
     add = out.append
-    turn = cal.turn_ms
-    budget = budgets(turn)
+    turn = cal.turn_ms if budget_ms is None else budget_ms / CLASS_TURNS[DEFAULT_CLASS]
+    budget = budgets(turn, budget_ms)
+    how = cal.turn[1] if budget_ms is None else f"default budget fixed by hand at {budget_ms} ms (--budget-ms)"
     add(f"# rampmeter policy written by `{command or 'rampmeter calibrate ' + cal.url}`")
     add(f"# on {when:%Y-%m-%d %H:%M} UTC after {cal.duration_s:.0f} s of probing. Every value below was measured")
     add("# against that server, and its comment says from what; keys not written keep their defaults")
@@ -78,7 +85,7 @@ def policy_toml(cal: Calibration, *, command: str = "", when: datetime.datetime 
     add("")
     _upstream(add, cal)
     _warmup(add, cal)
-    _scheduling(add, cal, turn, budget)
+    _scheduling(add, cal, turn, budget, how)
     for route in cal.routes:
         _route(add, route)
     add("[[routes]]")
@@ -134,13 +141,12 @@ def _warmup(add, cal: Calibration) -> None:
     add("")
 
 
-def _scheduling(add, cal: Calibration, turn: float, budget: dict[str, int]) -> None:
+def _scheduling(add, cal: Calibration, turn: float, budget: dict[str, int], how: str) -> None:
     add("[scheduling]")
     add("# Shortest expected first: the fitted priors below tell short requests from long ones.")
     add('order = "sjf"')
-    add('default_class = "interactive"')
+    add(f'default_class = "{DEFAULT_CLASS}"')
     add("")
-    how = cal.turn[1]
     if cal.loaded:
         add(f"# Latency with {cal.loaded[0].concurrency} in flight (a mixed closed loop of every shape): p50, p99")
         for s in cal.loaded:

@@ -198,10 +198,14 @@ class AdmissionController:
         now: float | None = None,
     ) -> Ticket:
         """A ticket with its expected service time from the route's learned model (never below
-        the censored floor of its shape at `now`; default: the controller's last event time)."""
+        the censored floor of its shape at `now`, unless it goes as that floor's probe:
+        core/censored.py; `now` default: the controller's last event time)."""
         now = self._now if now is None else now
-        expected = self.models.expected_ms(cost.route, cost.prompt_tokens, cost.output_tokens, float(cost.units), now)
-        return Ticket(next(self._ticket_ids), klass, cost, expected, deadline, budget_ms, tenant)
+        tid, models, route, units = next(self._ticket_ids), self.models, cost.route, float(cost.units)
+        expected = models.expected_ms(route, cost.prompt_tokens, cost.output_tokens, units, now)
+        if deadline != math.inf and models.probe(route, cost.prompt_tokens, cost.output_tokens, tid, deadline, now):
+            expected = models.expected_ms(route, cost.prompt_tokens, cost.output_tokens, units)  # a probe: no floor
+        return Ticket(tid, klass, cost, expected, deadline, budget_ms, tenant)
 
     def arrive(self, ticket: Ticket, now: float) -> Admit | Enqueue | Reject:
         # Per request: the common case (nothing queued, room under the limit) runs here with few
@@ -321,7 +325,13 @@ class AdmissionController:
             )
             samples = self._samples
             samples.append((i, rtt_ms / per, inflight, t, rtt_ms, observed, now))
-            if probe or len(samples) >= SAMPLE_BATCH or self.waitline.entries or self.models.warming(t.cost.route):
+            if (
+                probe
+                or len(samples) >= SAMPLE_BATCH
+                or self.waitline.entries
+                or self.models.warming(t.cost.route)
+                or self.models.floored(t.cost.route, t.cost.prompt_tokens, t.cost.output_tokens)
+            ):  # an answer of a shape a censored floor condemns (its probe): it lifts the floor for the next
                 self._fold()
         elif outcome is Outcome.REFUSED:
             self.balancer.mark_refused(i, now)
@@ -576,7 +586,7 @@ class AdmissionController:
         c = ticket.cost
         p99 = None if self.service is None else self.service.quantile(ticket.key, 0.99, now)
         estimate = dl.service_estimate_ms(p99, ticket.expected_ms)
-        return max(estimate, self.models.floor_ms(c.route, c.prompt_tokens, c.output_tokens, now))
+        return max(estimate, self.models.floor_ms(c.route, c.prompt_tokens, c.output_tokens, now, ticket.id))
 
     def _reject(self, verdict: Reject) -> Reject:
         rejected = self.rejected

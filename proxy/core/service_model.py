@@ -440,12 +440,33 @@ class ServiceModels:
         model = self._models.get(route)
         return fallback if model is None else model.expected_ms(prompt_tokens, requested_output_tokens, now)
 
-    def floor_ms(self, route: str, prompt_tokens: int, requested_output_tokens: int, now: float) -> float:
-        """The censored floor for this shape now (0 when nothing was cut)."""
+    def floor_ms(
+        self, route: str, prompt_tokens: int, requested_output_tokens: int, now: float, ticket_id: int = 0
+    ) -> float:
+        """The censored floor for this shape now (0 when nothing was cut, or for the probe `ticket_id`)."""
         model = self._models.get(route)
         if model is None or not model.floors.informative:  # floors exist only once a cut taught one
             return 0.0
-        return model.floors.floor_ms(shape_bucket(prompt_tokens, requested_output_tokens), now)
+        return model.floors.floor_ms(shape_bucket(prompt_tokens, requested_output_tokens), now, ticket_id)
+
+    def probe(
+        self, route: str, prompt_tokens: int, requested_output_tokens: int, ticket_id: int, deadline: float, now: float
+    ) -> bool:
+        """Whether ticket `ticket_id` goes as its shape's probe: a floor from cuts alone condemns it and
+        the model without the floor does not (proxy/core/censored.py); it is then judged without it."""
+        model = self._models.get(route)
+        if model is None or not model.floors.informative:
+            return False
+        estimate = model.expected_ms(prompt_tokens, requested_output_tokens)
+        key = shape_bucket(prompt_tokens, requested_output_tokens)
+        return model.floors.probe(key, ticket_id, (deadline - now) * 1000.0, estimate, now)
+
+    def floored(self, route: str, prompt_tokens: int, requested_output_tokens: int) -> bool:
+        """Whether a floor from cuts alone stands on this shape (an answer of it is folded at once)."""
+        model = self._models.get(route)
+        if model is None or not model.floors.informative:
+            return False
+        return model.floors.standing(shape_bucket(prompt_tokens, requested_output_tokens))
 
     def warming(self, route: str) -> bool:
         """Whether the route's model is still in warm-up (each sample solved at once: priors are being

@@ -113,6 +113,7 @@ def test_budgets_are_turns_rounded_up():
     assert round_up(1234) == 1300 and round_up(87.1) == 88 and round_up(0) == 0 and round_up(5000) == 5000
     assert budgets(340.0) == {"realtime": 680, "interactive": 1400, "batch": 11000}
     assert budgets(1.0)["realtime"] == 100  # at least MIN_BUDGET_MS
+    assert budgets(9e9, 3000) == {"realtime": 1500, "interactive": 3000, "batch": 23000}  # by hand: the turn ignored
 
 
 def test_a_turn_is_the_slowest_request_where_the_sidecar_keeps_the_server():

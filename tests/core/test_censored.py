@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from proxy.core.admission import AdmissionController
 from proxy.core.arrival import ArrivalGate
-from proxy.core.censored import FADE_MULTIPLE, INFLATE, CensoredFloors, shape_bucket
+from proxy.core.censored import FADE_MULTIPLE, INFLATE, MAX_STREAK, CensoredFloors, shape_bucket
 from proxy.core.cost import Cost
 from proxy.core.decisions import Admit, Enqueue, Outcome, Ticket
 from proxy.core.service_model import ServiceModel
@@ -45,25 +45,47 @@ def test_cuts_search_upward_geometrically_and_a_finish_ends_the_streak() -> None
     key = shape_bucket(100, 0)
     assert not f.censored(key, 5.0, 9.0, 0.0)  # cut before the model's own guess: no news
     assert f.floor_ms(key, 0.0) == 0.0 and (f.cuts, f.informative) == (1, 0)
-    for k in range(1, 4):
-        assert f.censored(key, 200.0, 9.0, 0.0)
-        assert math.isclose(f.floor_ms(key, 0.0), 200.0 * (1 + INFLATE) ** k)
-    f.completed(key, 150.0, 0.0)  # it can be done in 150 ms after all
-    assert f.floor_ms(key, 0.0) == 150.0
-    assert f.censored(key, 200.0, 9.0, 0.0)
-    assert math.isclose(f.floor_ms(key, 0.0), 200.0 * (1 + INFLATE))  # the streak started over
+    now = 0.0
+    for k in range(1, 4):  # each cut request went upstream after the floor last rose: one search step each
+        now += 0.2
+        assert f.censored(key, 200.0, 9.0, now)
+        assert math.isclose(f.floor_ms(key, now), 200.0 * (1 + INFLATE) ** k)
+    f.completed(key, 150.0, now)  # it can be done in 150 ms after all
+    assert f.floor_ms(key, now) == 150.0
+    assert f.censored(key, 200.0, 9.0, now + 0.2)
+    assert math.isclose(f.floor_ms(key, now + 0.2), 200.0 * (1 + INFLATE))  # the streak started over
     assert f.floor_ms(shape_bucket(5000, 0), 0.0) == 0.0  # other shapes are not touched
 
 
-def test_a_floor_fades_in_a_time_scaled_by_itself() -> None:
+def test_requests_cut_together_teach_one_fact_not_a_search() -> None:
+    # Round 1 on vLLM: the requests in flight when the backend slowed were cut one after another,
+    # each within a deadline of the first; each stepped the search (1.25x) and took a 4 s floor to 14.6x.
+    f = CensoredFloors()
+    key = shape_bucket(10, 256)
+    for i in range(16):  # went upstream 0.1 s apart, each cut at its 4 s deadline
+        assert f.censored(key, 4000.0, 900.0, 4.0 + 0.1 * i)
+    assert math.isclose(f.floor_ms(key, 5.5), 4000.0 * (1 + INFLATE)) and f.informative == 16
+    assert f.censored(key, 4000.0, 900.0, 9.6)  # one that went upstream at 5.6, after the floor rose: a step
+    assert math.isclose(f.floor_ms(key, 9.6), 4000.0 * (1 + INFLATE) ** 2)
+
+
+def test_the_inflation_fades_in_the_shapes_own_time_and_the_evidence_stands_until_a_finish() -> None:
     f = CensoredFloors()
     for cut_ms in (200.0, 20_000.0):
         key = shape_bucket(int(cut_ms), 0)
-        f.censored(key, cut_ms, 1.0, 0.0)
-        floor = cut_ms * (1 + INFLATE)
-        tau_s = FADE_MULTIPLE * floor / 1000.0
-        assert math.isclose(f.floor_ms(key, tau_s), floor / math.e)
-        assert f.floor_ms(key, 10 * tau_s) < floor * 1e-4
+        now = 0.0
+        for _ in range(MAX_STREAK):  # a long streak: the floor is 14.6x the cut
+            now += cut_ms / 1000.0
+            f.censored(key, cut_ms, 1.0, now)
+        floor = cut_ms * (1 + INFLATE) ** MAX_STREAK
+        assert math.isclose(f.floor_ms(key, now), floor)
+        tau_s = FADE_MULTIPLE * cut_ms / 1000.0  # the cut's scale, not the inflated floor's
+        assert math.isclose(f.floor_ms(key, now + tau_s), floor / math.e)
+        standing = cut_ms * (1 + INFLATE)  # no finish since: the cut itself (one search step) stands
+        assert f.floor_ms(key, now + 1000 * tau_s) == standing
+        f.completed(key, cut_ms * 0.5, now + 1000 * tau_s)  # a finish: the floor falls to it and fades whole
+        assert f.floor_ms(key, now + 1000 * tau_s) == cut_ms * 0.5
+        assert f.floor_ms(key, now + 1010 * tau_s) < cut_ms * 1e-4
 
 
 @settings(max_examples=200, deadline=None)

@@ -162,3 +162,15 @@ def test_budgets_hold_the_long_request_as_the_server_serves_it_under_load():
     }
     assert "4 turns of 2,480 ms, the p99 of chat:cancel with 8 in flight" in text
     assert "#   chat:cancel            2,100     2,480 ms, 9 answers" in text
+
+
+def test_a_budget_fixed_by_hand_sets_the_default_class_and_what_follows_it():
+    # bench.real_servers --budget-ms: the clients' deadline and the policy's must be the same, whatever
+    # calibrate measured at a quiet moment (round 1: 4 s budgets against 2-6 s answers under load).
+    text = render.policy_toml(calibration(), when=WHEN, budget_ms=12_345)
+    policy = render.check_policy(text)
+    classes = {n: c.default_timeout_ms for n, c in policy.classes.items()}
+    assert classes == {"realtime": 6200, "interactive": 12_345, "batch": 93_000}  # turns of 12,345 / 4
+    assert policy.classes["interactive"].max_timeout_ms == 123_450
+    assert policy.shedding.codel_interval_ms == 12_345
+    assert "default budget fixed by hand at 12345 ms (--budget-ms)" in text
