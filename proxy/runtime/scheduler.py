@@ -277,12 +277,17 @@ class Scheduler:
         rejected), else the Enqueue to `await wait(...)` on, at once (no checkpoint between). The
         caller then owns the lease's end as `admit` would: `slot.close(exc_type)` on every exit."""
         ctl = self.controller
+        lease = ctl.admit_at_once(ticket, now)
+        if lease is not None:  # the usual arrival (nobody queued, room), decided in one call
+            if self._m:
+                self._m.admitted(lease)
+            return Slot(self, lease, None)
         decision = ctl.arrive(ticket, now)
         if ctl.outbox:  # decisions for other waiters (rare on arrival): take_woken only then
             self._deliver(ctl.take_woken())
         if isinstance(decision, Admit):
             if self._m:
-                self._m.admitted(decision)
+                self._m.admitted(decision.lease)
             return Slot(self, decision.lease, None)
         if isinstance(decision, Enqueue):
             return decision
@@ -336,7 +341,7 @@ class Scheduler:
             waiter.result = d
             waiter.event.set()
             if self._m and isinstance(d, Admit):
-                self._m.admitted(d)
+                self._m.admitted(d.lease)
 
     def _release(
         self,
@@ -394,8 +399,7 @@ class _Instruments:
             child = self._children[key] = getattr(self._metrics, name).labels(*labels)
         return child
 
-    def admitted(self, admit: Admit) -> None:
-        lease = admit.lease
+    def admitted(self, lease: Lease) -> None:
         klass = lease.ticket.klass
         pair = self._per_class.get(klass)
         if pair is None:
