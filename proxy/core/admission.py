@@ -18,6 +18,10 @@ Theory of operation (decide under bookkeeping, act outside): every method takes
   at or above it). One that would have to wait but is already past its expiry time
   (it cannot afford any wait) leaves with DEADLINE_UNMEETABLE, built where that
   reason always is (core/shedding.py deadline_unmeetable).
+- `admit_at_once(ticket, now)`: the same decision for the usual arrival (nobody queued, no
+  phantom lease, one upstream with room, the limit in requests, no reservations), in one call
+  and without the values only the general path needs (the snapshot, the wait estimate, the
+  Admit): the Lease, or None where any of that does not hold, and the caller asks `arrive`.
 - Dequeue: every admission tells the gate (`gate.dequeued`: CoDel sees each queue wait
   where it ends), and the lease carries `service_ms`: the arrival's figure for a ticket
   admitted at once, a fresh one for a queued ticket (floors may have risen while it
