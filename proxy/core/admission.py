@@ -18,6 +18,10 @@ Theory of operation (decide under bookkeeping, act outside): every method takes
   at or above it). One that would have to wait but is already past its expiry time
   (it cannot afford any wait) leaves with DEADLINE_UNMEETABLE, built where that
   reason always is (core/shedding.py deadline_unmeetable).
+- `admit_at_once(ticket, now)`: the same decision for the usual arrival (nobody queued, no
+  phantom lease, one upstream with room, the limit in requests, no reservations), in one call
+  and without the values only the general path needs (the snapshot, the wait estimate, the
+  Admit): the Lease, or None where any of that does not hold, and the caller asks `arrive`.
 - Dequeue: every admission tells the gate (`gate.dequeued`: CoDel sees each queue wait
   where it ends), and the lease carries `service_ms`: the arrival's figure for a ticket
   admitted at once, a fresh one for a queued ticket (floors may have risen while it
@@ -68,6 +72,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy.core import deadline as dl
@@ -119,6 +124,10 @@ class Gate(Protocol):
         """A ticket of `klass` left the queue for upstream after `wait_ms`."""
         ...
 
+    # Optional: `passes_at_once(ticket, now, load, service_ms) -> bool`, True where `__call__` would
+    # answer None for an arrival that finds the load quiet and a slot free at once (AdmissionController
+    # .admit_at_once); a gate without it is asked through `__call__` every time.
+
     def pushback(self, wait_ms: float, now: float, slot_ms: float, remaining_ms: float) -> int | None:
         """Retry-After (ms) for a full queue behind the retries already promised (RetryAfter.schedule)."""
         ...
@@ -152,7 +161,8 @@ class AdmissionController:
                 raise ValueError("an injected random.Random (rng) or a balancer is required")
             balancer = Balancer(n, _cooldowns(policy, n), rng=rng)
         self.balancer = balancer
-        self.gate, self.service = gate, service
+        self.service = service
+        self._set_gate(gate)
         self._ticket_ids, self._lease_ids = itertools.count(1), itertools.count(1)
         self._leases: dict[int, Lease] = {}
         self._charges: dict[int, int] = {}  # lease id -> units charged now (re-counted on reload)
@@ -173,6 +183,14 @@ class AdmissionController:
         self.waitline = Waitline(policy.scheduling, policy.classes)
         self.load: LoadEstimator  # built by _configure, once capacity exists
         self._configure(policy, None, 0.0)
+
+    def _set_gate(self, gate: Gate | None) -> None:
+        self.gate = gate
+        # admit_at_once asks the gate's quiet pass: none to ask without a gate (every arrival goes on);
+        # a gate without one (a test's stand-in) is asked through arrive, every time.
+        self._gate_at_once: Callable[[Ticket, float, LoadEstimator, float], bool] = (
+            _passes if gate is None else getattr(gate, "passes_at_once", _asks_arrive)
+        )
 
     # --- arrival ----------------------------------------------------------
 
@@ -206,6 +224,45 @@ class AdmissionController:
         if deadline != math.inf and models.probe(route, cost.prompt_tokens, cost.output_tokens, tid, deadline, now):
             expected = models.expected_ms(route, cost.prompt_tokens, cost.output_tokens, units)  # a probe: no floor
         return Ticket(tid, klass, cost, expected, deadline, budget_ms, tenant)
+
+    def admit_at_once(self, ticket: Ticket, now: float) -> Lease | None:
+        """`arrive` for the usual arrival, in one call: the Lease its Admit would carry, or None where
+        this is not that case (then call `arrive`, which decides it; nothing was changed here but what
+        `arrive` repeats idempotently: the quantile windows' caches, the CoDels' zero waits).
+
+        The usual case, as `arrive` would find it: no phantom lease to settle, nobody queued (so
+        `load.quiet()` holds and no pending sample is folded first), one upstream, the limit in
+        requests with no reservations (the ticket's one unit fits iff used < limit: what
+        `LoadEstimator.expected_wait_ms` also finds, so the gate's wait is 0), room under the limit,
+        the deadline ahead, the gate's quiet pass (`passes_at_once`: what its `__call__` answers None
+        for, a zero wait given) and the route judged or under its unjudged cap. Then `arrive` admits
+        the ticket at once, to upstream 0 with a charge of 1, and this does the same
+        (tests/core/test_admit_at_once.py: both decide alike, and leave the controller alike)."""
+        cap = self.capacity
+        if (
+            self.phantoms.live
+            or self.waitline.entries
+            or not self._unit_requests
+            or cap.reserved_total
+            or len(cap.limits) != 1
+            or now >= ticket.deadline
+        ):
+            return None
+        limit = cap.limits[0].value if cap.factors[0] == 1.0 else cap.limit(0)  # cap.limit(0), its fast case inline
+        if limit <= 0 or cap.used[0] >= limit or cap.requests[0] >= limit:
+            return None
+        self._now = now
+        service_ms = self.service_ms(ticket, now)
+        if not self._gate_at_once(ticket, now, self.load, service_ms):
+            return None
+        if not (
+            ticket.deadline == math.inf  # _held, as in arrive
+            or self._probes.get(ticket.cost.route, 0) < self._unjudged_in_flight
+            or self.models.judged(ticket.cost.route)
+        ):
+            return None
+        self.load.accepted(ticket, now)
+        return self._lease(ticket, 0, 1, now, now, service_ms)
 
     def arrive(self, ticket: Ticket, now: float) -> Admit | Enqueue | Reject:
         # Per request: the common case (nothing queued, room under the limit) runs here with few
@@ -510,7 +567,9 @@ class AdmissionController:
     def _admit(
         self, ticket: Ticket, placed: tuple[int, int], now: float, enqueued_at: float, service_ms: float
     ) -> Admit:
-        i, charge = placed
+        return Admit(self._lease(ticket, placed[0], placed[1], now, enqueued_at, service_ms))
+
+    def _lease(self, ticket: Ticket, i: int, charge: int, now: float, enqueued_at: float, service_ms: float) -> Lease:
         queue_ms = (now - enqueued_at) * 1000.0
         lease = Lease(next(self._lease_ids), ticket, i, charge, now, queue_ms, service_ms)
         if self.gate is not None:
@@ -523,7 +582,7 @@ class AdmissionController:
             self._probe_leases.add(lease.id)
             self._probes[ticket.cost.route] = self._probes.get(ticket.cost.route, 0) + 1
         self.counts["admitted"] += 1
-        return Admit(lease)
+        return lease
 
     def _dispatch(self, now: float) -> None:
         """Admit (or expire) waiting tickets while room allows; see the module docstring."""
@@ -603,7 +662,7 @@ class AdmissionController:
         self._now = now
         self._fold()
         if gate is not None:
-            self.gate = gate
+            self._set_gate(gate)
         if service is not None:
             self.service = service
         self._configure(policy, self.policy, now)
@@ -687,6 +746,14 @@ class AdmissionController:
 
     def __repr__(self) -> str:
         return f"<AdmissionController {self.waitline!r} leases={len(self._leases)} {self.capacity!r}>"
+
+
+def _passes(ticket: Ticket, now: float, load: LoadEstimator, service_ms: float) -> bool:
+    return True  # no gate: every arrival goes on
+
+
+def _asks_arrive(ticket: Ticket, now: float, load: LoadEstimator, service_ms: float) -> bool:
+    return False  # a gate without passes_at_once: AdmissionController.arrive asks it
 
 
 def latency_tokens(ticket: Ticket, observed: Observed | None, fill: float) -> int:

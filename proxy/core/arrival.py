@@ -84,6 +84,19 @@ class ArrivalGate:
             remaining_ms=(ticket.deadline - now) * 1000.0,  # no pushback past the deadline (Shedder._reject)
         )
 
+    def passes_at_once(self, ticket: Ticket, now: float, load: LoadEstimator, service_ms: float) -> bool:
+        """True where `__call__` answers None for an arrival that finds the load quiet (`load.quiet()`)
+        and a slot free for it at once, so its expected wait is 0 (AdmissionController.admit_at_once);
+        False: ask `__call__`. That answer, spelled out: no tenant quota, the shedding rules' quiet pass
+        (Shedder.passes_quiet: no snapshot) and the deadline covering the service time (dl.check with a
+        zero wait: Meetable iff 0 + service_ms <= the remaining ms)."""
+        if self.tenants is not None:
+            return False
+        rank = self._rank[ticket.klass]
+        if not self.shedder.passes_quiet(rank, now, self.gpu_memory_fraction, *load.service_quantiles(now)):
+            return False
+        return ticket.deadline == math.inf or service_ms <= (ticket.deadline - now) * 1000
+
     def rank(self, klass: str) -> int:
         """The class's rank (0 = most important); the lowest for a class a reload removed."""
         return self._rank.get(klass, len(self.ranked) - 1)

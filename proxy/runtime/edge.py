@@ -36,6 +36,7 @@ import trio
 
 from proxy.core import request_ids, wire
 from proxy.errors import BodyTooLarge, ClientGone, ProtocolError, RequestTimeout, ResponseCut
+from proxy.http import h1write
 from proxy.http.messages import Headers, Request, ResponseSink
 from proxy.runtime import grpc_answers
 from proxy.runtime.fields import Fields
@@ -228,6 +229,10 @@ class Edge:
             request.headers.append((_RID, rid))  # sent upstream with the request
         else:
             rid = self._request_id(request, fields)
+        # Made or kept, the id is a valid field value (request_ids.py's alphabet): vouched for to the
+        # HTTP/1.1 writer for this request's heads, up and down, instead of checked on each (h1write).
+        field = (_RID, rid)
+        h1write.vouch(field)
         ex = Exchange(request, rid, request.received_at)
         if self.tracing is not None:
             ex.span = self.tracing.start(request, ex)
@@ -249,6 +254,7 @@ class Edge:
             error = exc
             raise
         finally:
+            h1write.forget(field)
             _CURRENT.reset(token)
             self._finish(ex, error)
             # The exception's traceback holds this frame, and this frame held the exception: a

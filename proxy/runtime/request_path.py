@@ -74,7 +74,6 @@ from proxy.runtime.classify import classify
 from proxy.runtime.dedup import Deduplicator, Follower, Leader, LeaderHandle, Replay, answer, events_of
 from proxy.runtime.fields import Fields
 from proxy.runtime.observe import Observatory
-from proxy.runtime.relay import Forwarded
 from proxy.runtime.scheduler import Scheduler, Slot
 from proxy.runtime.sinks import RecordingSink, TeeSink, play
 
@@ -320,13 +319,8 @@ class RequestPath:
             body = await passthrough.settle(body, request)
 
         # The slot is released when the upstream's part is over, before the last write to the client
-        # (a deadline the pool ended it at is a censored cut, as the scope's cancellation would be).
-        def release(r: Forwarded) -> None:
-            if r.reason is wire.Reason.DEADLINE_EXPIRED:
-                slot.cut()
-            else:
-                slot.done(r.outcome, r.service_ms, r.observed, r.ended_at)
-
+        # (Slot.finished: a deadline the pool ended it at is a censored cut, as the scope's cancellation would be).
+        release = slot.finished
         try:
             if scoped:  # the batcher forwards it alone (relay.forward) unless its route batches (runtime/batcher.py)
                 result = await p.batcher.forward(

@@ -43,6 +43,7 @@ import math
 import random
 from collections.abc import Sequence
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -62,6 +63,10 @@ from proxy.core.decisions import (
     deadline_expired,
 )
 from proxy.core.quantiles import LatencyFamily
+from proxy.core.wire import Reason
+
+if TYPE_CHECKING:
+    from proxy.runtime.relay import Forwarded
 
 
 class Slot:
@@ -101,6 +106,19 @@ class Slot:
             raise LeaseError("done() on a slot without a live lease")
         self._done = True
         self._scheduler._release(self.lease, outcome, rtt_ms, observed, now)
+
+    def finished(self, r: Forwarded) -> None:
+        """The relay's `on_complete` (relay.forward, Batcher.forward): the upstream's part is over, before
+        the last write to the client. A deadline the pool ended it at is a censored cut, as the scope's
+        cancellation would be (`cut`); else the lease ends with the outcome, the service time and the end
+        time the relay read: `done`, inline (one call a request fewer, and no closure made per request)."""
+        if r.reason is Reason.DEADLINE_EXPIRED:
+            self.cut()
+            return
+        if self.lease is None or self._done:
+            raise LeaseError("done() on a slot without a live lease")
+        self._done = True
+        self._scheduler._release(self.lease, r.outcome, r.service_ms, r.observed, r.ended_at)
 
     @property
     def released(self) -> bool:
@@ -277,12 +295,17 @@ class Scheduler:
         rejected), else the Enqueue to `await wait(...)` on, at once (no checkpoint between). The
         caller then owns the lease's end as `admit` would: `slot.close(exc_type)` on every exit."""
         ctl = self.controller
+        lease = ctl.admit_at_once(ticket, now)
+        if lease is not None:  # the usual arrival (nobody queued, room), decided in one call
+            if self._m:
+                self._m.admitted(lease)
+            return Slot(self, lease, None)
         decision = ctl.arrive(ticket, now)
         if ctl.outbox:  # decisions for other waiters (rare on arrival): take_woken only then
             self._deliver(ctl.take_woken())
         if isinstance(decision, Admit):
             if self._m:
-                self._m.admitted(decision)
+                self._m.admitted(decision.lease)
             return Slot(self, decision.lease, None)
         if isinstance(decision, Enqueue):
             return decision
@@ -336,7 +359,7 @@ class Scheduler:
             waiter.result = d
             waiter.event.set()
             if self._m and isinstance(d, Admit):
-                self._m.admitted(d)
+                self._m.admitted(d.lease)
 
     def _release(
         self,
@@ -394,8 +417,7 @@ class _Instruments:
             child = self._children[key] = getattr(self._metrics, name).labels(*labels)
         return child
 
-    def admitted(self, admit: Admit) -> None:
-        lease = admit.lease
+    def admitted(self, lease: Lease) -> None:
         klass = lease.ticket.klass
         pair = self._per_class.get(klass)
         if pair is None:

@@ -266,3 +266,31 @@ async def test_off_by_default(autojump_clock, access):
     async with stack(policy()) as s:
         await call(s, chat(100), ("x-request-timeout-ms", "5")).answer()
         assert access() == [] and s.app.edge.access_log.written == 0
+
+
+async def test_request_ids_are_vouched_for_to_the_h1_writer_while_their_request_lives(autojump_clock):
+    """A made or kept id skips h1write's check only while its request is in the edge: the known set
+    does not fill with one id a request (issue 16), and a head written later checks it as any other."""
+    from proxy.http import h1write
+
+    async with stack(logged()) as s:
+        before = len(h1write._KNOWN)
+        seen_during: list[bool] = []
+        inner = s.app.edge.inner
+
+        async def spy(request, sink, fields):
+            seen_during.append((b"x-request-id", fields.request_id) in h1write._KNOWN)
+            await inner(request, sink, fields)
+
+        s.app.edge.inner = spy
+        ids = []
+        for given in (None, "req-7f3a:b/9+c=@x", "has space"):
+            pipe = call(s, chat(2), *([("x-request-id", given)] if given else []))
+            assert (await pipe.answer())[0] == 200
+            ids.append(pipe.header("x-request-id").encode())
+        assert seen_during == [True, True, True]  # made, kept, and made for a malformed one
+        assert not any((b"x-request-id", rid) in h1write._KNOWN for rid in ids)  # forgotten once answered
+        assert len(h1write._KNOWN) == before  # nothing left behind (no HTTP/1.1 heads are written in this stack)
+        # Not vouched for, a pair is checked as any other: a bad one still raises.
+        with pytest.raises(h1write.FieldError):
+            h1write.response_head(200, [(b"x-request-id", b"a\r\nb")])
