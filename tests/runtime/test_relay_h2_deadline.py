@@ -17,6 +17,8 @@ from proxy.runtime import relay
 class SlowResponse:
     """An upstream answer whose body arrives after `delay_s` (per chunk)."""
 
+    all_received = False  # the relay's whole-answer shortcut: never taken for these (they arrive late)
+
     def __init__(self, chunks: list[bytes], delay_s: float, length: bool = True) -> None:
         total = sum(len(c) for c in chunks)
         self.status, self.http_version = 200, "1.1"
