@@ -9,7 +9,7 @@ that a `return 200` benchmark (bench.overhead) never sees. Here the upstream is 
 server (this module's `--serve-upstream`: the project's own Server, pinned to --client-cpu with
 h2load) that answers every POST with one of three cases:
 - json: one whole JSON body (content-length), the unstreamed baseline;
-- paced: CHUNKS SSE events (`data: {...chat.completion.chunk...}`), one write each, GAP_MS apart,
+- paced: CHUNKS SSE events (`data: {...chat.completion.chunk...}`), one write each, --gap-ms apart,
   then `data: [DONE]`: token steps, each chunk alone on the wire;
 - burst: the same events written back to back (a fast model, or many tokens per step): chunks the
   relay finds already waiting.
@@ -76,7 +76,9 @@ def serve_upstream(address: str) -> None:
 
     async def handler(request, sink) -> None:
         await request.body.read_all()
-        case = request.target.rsplit(b"/", 1)[-1]
+        path, _, query = request.target.partition(b"?")
+        case = path.rsplit(b"/", 1)[-1]
+        gap_s = float(query.removeprefix(b"gap_ms=") or GAP_MS) / 1000.0
         if case == b"json":
             await sink.respond(200, [(b"content-type", b"application/json")], _JSON)
             return
@@ -84,7 +86,7 @@ def serve_upstream(address: str) -> None:
         for _ in range(CHUNKS):
             await sink.send(_EVENT)
             if case == b"paced":
-                await trio.sleep(GAP_MS / 1000.0)
+                await trio.sleep(gap_s)
         await sink.send(_DONE)
         await sink.end()
 
@@ -242,7 +244,7 @@ def markdown(summary: dict, args, load: dict) -> str:
         f"{args.repeats} interleaved repeat(s) of {args.seconds:g} s per cell; proxies pinned to CPU "
         f"{args.proxy_cpu}, h2load + the streaming upstream on CPU {args.client_cpu}; h2load -c{CLIENTS} "
         f"(HTTP/1.1 -m1, h2c -m4), POST with a JSON body. Streamed cases: {CHUNKS} SSE events + [DONE] "
-        f"(paced: {GAP_MS:g} ms apart; burst: back to back). Load average {load['before']} before, "
+        f"(paced: {args.gap_ms:g} ms apart; burst: back to back). Load average {load['before']} before, "
         f"{load['after']} after.",
         "",
         "Medians over repeats (min-max where repeated). CPU = the proxy's CPU per request, us; per chunk = "
@@ -287,6 +289,7 @@ def main() -> None:
         p.add_argument("--configs", default="direct,wire,rampmeter", help="from direct,wire,rampmeter")
         p.add_argument("--cases", default=",".join(CASES), help="from json,paced,burst (json is needed per chunk)")
         p.add_argument("--protocols", default="http1,h2c", help="from http1,h2c")
+        p.add_argument("--gap-ms", type=float, default=GAP_MS, help="paced: ms between events")
         p.add_argument("--baseline", help="a source tree whose `proxy` package runs beside this one's (@base)")
 
     args = parse_args("streaming", __doc__, add)
@@ -316,7 +319,8 @@ def main() -> None:
                 for case in cases:
                     for name in names:
                         url, pid = urls[name]
-                        fig = measure(f"{url}/v1/{case}", pid, protocol, args, body, tmp / "run.tsv")
+                        path = f"/v1/{case}?gap_ms={args.gap_ms:g}" if case == "paced" else f"/v1/{case}"
+                        fig = measure(url + path, pid, protocol, args, body, tmp / "run.tsv")
                         raw[protocol][case][name].append(fig)
                         print(
                             f"{protocol:5s} #{rep} {case:6s} {name:14s} {fig['rps']:7.0f} req/s "
@@ -335,7 +339,7 @@ def main() -> None:
             "client_cpu": args.client_cpu,
             "clients": CLIENTS,
             "chunks": CHUNKS,
-            "gap_ms": GAP_MS,
+            "gap_ms": args.gap_ms,
             "seconds": args.seconds,
             "repeats": args.repeats,
             "baseline": args.baseline,
