@@ -41,7 +41,11 @@ Invariants:
   the connection.
 - head and a small body leave in one send (one segment, one syscall).
 - reads go through `sockio`: after a request is sent the response cannot be
-  there yet, so the first read waits for readability and then reads once.
+  there yet, so the first read waits for readability and then reads once. A socket
+  whose reads keep finding nothing (an upstream streaming tokens slower than we
+  relay them) waits first (sockio.SocketIO, learns=True).
+- `receive()` hands over every body piece already parsed, joined: chunks that
+  arrived together leave in one client write, and none waits for another.
 - `is_stale()` is true when an idle connection is readable: the upstream closed
   it (EOF/RST) or sent bytes nobody asked for; either way it must not be reused.
 
@@ -125,7 +129,7 @@ class H1UpstreamConnection:
 
     def __init__(self, sock: trio.socket.SocketType, label: str, nursery: trio.Nursery | None = None) -> None:
         self._sock = sock
-        self._io = sockio.SocketIO(sock)  # reads that learn when not to try first (sockio.SocketIO)
+        self._io = sockio.SocketIO(sock, learns=True)  # reads that learn when not to try first (sockio.SocketIO)
         self._nursery = nursery  # where body senders run; None: send bodies before reading
         self._sender: trio.CancelScope | None = None  # the running body sender's scope
         self._send_error: BaseException | None = None  # why the last sender stopped early

@@ -243,7 +243,7 @@ class H2UpstreamConnection:
         self._h2.state_machine = _GracefulStateMachine()
         hpack_memo.install(self._h2)
         self._fd = stream.socket.fileno()
-        self._io = sockio.SocketIO(stream.socket)  # reads that learn when not to try first (sockio.SocketIO)
+        self._io = sockio.SocketIO(stream.socket)  # reads first always (sockio: where waiting first was measured)
         self._outbox: list[bytes] = []  # bytes for the writer task, oldest first
         self._queued = 0  # bytes in _outbox
         self._writing = False  # the writer task is inside send_all

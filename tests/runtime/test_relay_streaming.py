@@ -138,7 +138,7 @@ async def test_chunks_already_received_come_back_as_one_piece(protocol: str) -> 
 
 async def test_a_socket_that_keeps_missing_waits_first_and_still_reads_everything() -> None:
     a, b = trio.socket.socketpair()
-    io = sockio.SocketIO(b)
+    io = sockio.SocketIO(b, learns=True)
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
             got: list[bytes] = []
@@ -164,11 +164,32 @@ async def test_a_socket_that_keeps_missing_waits_first_and_still_reads_everythin
 
 async def test_a_socket_whose_reads_find_bytes_keeps_reading_first() -> None:
     a, b = trio.socket.socketpair()
-    io = sockio.SocketIO(b)
+    io = sockio.SocketIO(b, learns=True)
     io._misses = sockio.MISSES_BEFORE_SKIP  # as if it had been missing
     for _ in range(sockio.PROBE_EVERY + 1):  # a probe comes within PROBE_EVERY + 1 reads
         await sockio.send_all(a, b"x")
         assert await io.receive(100, wait_first=False) == b"x"
     assert io._misses == 0  # the probe found bytes: back to reading first
+    a.close()
+    b.close()
+
+
+async def test_a_socket_that_does_not_learn_always_reads_first() -> None:
+    a, b = trio.socket.socketpair()
+    io = sockio.SocketIO(b)  # the server connections' and the h2c upstream's (sockio module doc)
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            got: list[bytes] = []
+
+            async def reader() -> None:
+                for _ in range(sockio.MISSES_BEFORE_SKIP + 2):
+                    got.append(await io.receive(100, wait_first=True))
+
+            nursery.start_soon(reader)
+            for i in range(sockio.MISSES_BEFORE_SKIP + 2):
+                await trio.testing.wait_all_tasks_blocked()
+                await sockio.send_all(a, b"%d" % i)
+    assert len(got) == sockio.MISSES_BEFORE_SKIP + 2
+    assert io._misses < sockio.MISSES_BEFORE_SKIP  # every miss seen, never enough to wait first
     a.close()
     b.close()
