@@ -243,7 +243,6 @@ class H2UpstreamConnection:
         self._h2.state_machine = _GracefulStateMachine()
         hpack_memo.install(self._h2)
         self._fd = stream.socket.fileno()
-        self._io = sockio.SocketIO(stream.socket)  # reads first always (sockio: where waiting first was measured)
         self._outbox: list[bytes] = []  # bytes for the writer task, oldest first
         self._queued = 0  # bytes in _outbox
         self._writing = False  # the writer task is inside send_all
@@ -595,7 +594,7 @@ class H2UpstreamConnection:
         try:
             while True:
                 # After a short read the peer has nothing more for now: wait, then read once.
-                data = await self._io.receive(RECV_BYTES, len(data) < RECV_BYTES)
+                data = await sockio.receive(self._stream.socket, RECV_BYTES, len(data) < RECV_BYTES)
                 if not data:
                     self._fail("closed the connection")
                     return
