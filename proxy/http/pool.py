@@ -75,7 +75,9 @@ class UpstreamResponse(Protocol):
     headers: Headers  # lower-case names, no pseudo-headers
     http_version: str  # "1.1", "1.0" or "2"
 
-    async def receive(self) -> bytes: ...  # next chunk as it arrives; b"" at the end
+    async def receive(self) -> bytes: ...  # what has arrived, as soon as there is any; b"" at the end
+    @property
+    def all_received(self) -> bool: ...  # the body has ended and receive() has handed all of it out
     async def aclose(self) -> None: ...
 
 

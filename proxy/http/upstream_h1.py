@@ -41,7 +41,11 @@ Invariants:
   the connection.
 - head and a small body leave in one send (one segment, one syscall).
 - reads go through `sockio`: after a request is sent the response cannot be
-  there yet, so the first read waits for readability and then reads once.
+  there yet, so the first read waits for readability and then reads once. A socket
+  whose reads keep finding nothing (an upstream streaming tokens slower than we
+  relay them) waits first (sockio.SocketIO, learns=True).
+- `receive()` hands over every body piece already parsed, joined: chunks that
+  arrived together leave in one client write, and none waits for another.
 - `is_stale()` is true when an idle connection is readable: the upstream closed
   it (EOF/RST) or sent bytes nobody asked for; either way it must not be reused.
 
@@ -107,6 +111,7 @@ def framed(method: bytes, headers: Headers, body: Any) -> Headers:
 class H1UpstreamConnection:
     __slots__ = (
         "_busy",
+        "_io",
         "_nursery",
         "_poll",
         "_rp",
@@ -124,6 +129,7 @@ class H1UpstreamConnection:
 
     def __init__(self, sock: trio.socket.SocketType, label: str, nursery: trio.Nursery | None = None) -> None:
         self._sock = sock
+        self._io = sockio.SocketIO(sock, learns=True)  # reads that learn when not to try first (sockio.SocketIO)
         self._nursery = nursery  # where body senders run; None: send bodies before reading
         self._sender: trio.CancelScope | None = None  # the running body sender's scope
         self._send_error: BaseException | None = None  # why the last sender stopped early
@@ -294,7 +300,7 @@ class H1UpstreamConnection:
     async def _fill(self, wait_first: bool) -> None:
         """Read once more and parse it; raises the upstream's error if it broke the response."""
         try:
-            data = await sockio.receive(self._sock, RECV_BYTES, wait_first)
+            data = await self._io.receive(RECV_BYTES, wait_first)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             if self.timed_out:
                 raise self._timeout() from exc
@@ -377,11 +383,21 @@ class H1Response:
         self.deadline_entry: list | None = None  # the pool's deadline keeper entry, disarmed at release
 
     async def receive(self) -> bytes:
-        """Next body chunk as it arrived; b"" once the body has ended."""
+        """The body bytes that have arrived, as soon as there are any; b"" once the body has ended.
+
+        Everything parsed already comes back as one piece (the chunks of a stream that arrived
+        together, in one read): one client write instead of one per chunk, and no chunk waits
+        for another, since only what is here is joined.
+        """
         rp = self.connection._rp
         while True:
-            if rp.body:
-                return rp.body.popleft()
+            body = rp.body
+            if body:
+                if len(body) == 1:
+                    return body.popleft()
+                data = b"".join(body)
+                body.clear()
+                return data
             if rp.complete:
                 self.complete = True
                 return b""
@@ -394,6 +410,13 @@ class H1Response:
             except UpstreamError:
                 self.failed = True
                 raise
+
+    @property
+    def all_received(self) -> bool:
+        """Every body byte has been handed out by `receive()` and the response has ended: the next
+        `receive()` returns b"" without waiting (the relay's whole-answer path)."""
+        rp = self.connection._rp
+        return rp.complete and not rp.body and not self.failed
 
     async def read(self) -> bytes:
         """The whole remaining body (for small responses and tests)."""

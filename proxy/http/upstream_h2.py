@@ -762,11 +762,22 @@ class H2Response:
         self.started_at = 0.0
 
     async def receive(self) -> bytes:
-        """Next DATA as it arrived; b"" once the stream has ended."""
+        """The DATA that has arrived, as soon as there is any; b"" once the stream has ended.
+
+        Every DATA frame already received comes back as one piece, its credit returned in one
+        WINDOW_UPDATE: one client write for the frames of a stream that arrived together, and
+        no frame waits for another, since only what is here is joined.
+        """
         s = self._s
         while True:
-            if s.chunks:
-                data, flow = s.chunks.popleft()
+            chunks = s.chunks
+            if chunks:
+                if len(chunks) == 1:
+                    data, flow = chunks.popleft()
+                else:
+                    data = b"".join([c[0] for c in chunks])
+                    flow = sum([c[1] for c in chunks])
+                    chunks.clear()
                 self.connection.consumed(s, flow)
                 if data:
                     return data
@@ -778,6 +789,13 @@ class H2Response:
                 self.failed = isinstance(s.error, UpstreamProtocolError)  # else the body source failed
                 raise s.error
             await s.wait()
+
+    @property
+    def all_received(self) -> bool:
+        """Every DATA frame has been handed out by `receive()` and the stream has ended (trailers, if any,
+        are in): the next `receive()` returns b"" without waiting (the relay's whole-answer path)."""
+        s = self._s
+        return s.ended and not s.chunks
 
     @property
     def trailers(self) -> Headers | None:

@@ -262,10 +262,12 @@ async def _relay(resp, sink: ResponseSink, headers: Headers, finished, write_by:
     """Copy the response to the client as it arrives; `finished(status, usage)` before the last write.
 
     Fast path: a response whose whole body came with its first read (the common
-    small JSON answer) goes out as one write, once the upstream's end of message is
-    seen (no wait: it is parsed already) and the upstream's part declared over.
-    Everything else streams: each upstream chunk is sent on as soon as it arrives
-    (SSE tokens included).
+    small JSON answer; a unary gRPC answer with its trailers; a short stream whose
+    every chunk is already here) goes out at once, once the upstream's end of message
+    is seen (no wait: it is parsed already) and the upstream's part declared over:
+    one write, or head, body and trailers back to back, with no scope (HTTP/2: the
+    clock check below). Everything else streams: what has arrived is sent on as soon
+    as it arrives (SSE tokens included), chunks that arrived together in one write.
 
     `write_by` (an HTTP/2 client without a scope of its own, see `forward`): the deadline is
     checked on the clock before the one write (passed: TooSlowError, nothing written), and a
@@ -274,11 +276,11 @@ async def _relay(resp, sink: ResponseSink, headers: Headers, finished, write_by:
     """
     first = await resp.receive()
     length = header_value(resp.headers, _CONTENT_LENGTH)
-    if not first or (length is not None and len(first) == int(length)):
+    if not first or resp.all_received or (length is not None and len(first) == int(length)):
         while await resp.receive():  # lets the pool see the end and reuse the connection
             pass
         trailers = getattr(resp, "trailers", None)  # h2 only; a trailers-only gRPC answer has none
-        result = finished(resp.status, _json_usage(first))
+        result = finished(resp.status, _usage(first))
         if write_by is not None and trio.current_time() >= write_by:
             raise trio.TooSlowError  # as the request's scope would have cancelled the write
         if trailers is None:
@@ -297,12 +299,15 @@ async def _relay(resp, sink: ResponseSink, headers: Headers, finished, write_by:
 async def _stream(resp, sink: ResponseSink, headers: Headers, finished, first: bytes) -> Forwarded:
     """The streamed answer: head, then each upstream chunk as it comes, then the end or trailers."""
     await sink.start(resp.status, headers)
+    send, receive = sink.send, resp.receive  # bound once: the loop runs once per chunk
     events = 0
-    chunk = first
+    chunk = last = first
     while chunk:
-        await sink.send(chunk)
-        events += chunk.count(_SSE_EVENT) - chunk.count(_SSE_DONE)
-        chunk = await resp.receive()
+        await send(chunk)
+        events += chunk.count(_SSE_EVENT)
+        last = chunk
+        chunk = await receive()  # whatever has arrived, joined (upstream_h1 / upstream_h2 receive)
+    events -= last.count(_SSE_DONE)  # [DONE] ends a stream: looked for in its last piece only
     result = finished(resp.status, Observed(output_tokens=events) if events > 0 else None)
     trailers = getattr(resp, "trailers", None)
     if trailers is None:
@@ -310,6 +315,14 @@ async def _stream(resp, sink: ResponseSink, headers: Headers, finished, first: b
     else:
         await sink.trailers(trailers)  # gRPC's grpc-status / grpc-message, as the upstream sent them
     return result
+
+
+def _usage(body: bytes) -> Observed | None:
+    """What a whole answer says it used: a JSON body's `usage`, or an SSE body's events (as `_stream`)."""
+    if body[:5] == _SSE_EVENT:
+        events = body.count(_SSE_EVENT) - body.count(_SSE_DONE)
+        return Observed(output_tokens=events) if events > 0 else None
+    return _json_usage(body)
 
 
 def _json_usage(body: bytes) -> Observed | None:

@@ -17,6 +17,8 @@ from proxy.runtime import relay
 class SlowResponse:
     """An upstream answer whose body arrives after `delay_s` (per chunk)."""
 
+    all_received = False  # the relay's whole-answer shortcut: never taken for these (they arrive late)
+
     def __init__(self, chunks: list[bytes], delay_s: float, length: bool = True) -> None:
         total = sum(len(c) for c in chunks)
         self.status, self.http_version = 200, "1.1"
@@ -121,3 +123,41 @@ async def test_an_http11_client_gets_no_clock_check_its_server_bounds_the_writes
     h1 = Request(b"POST", b"/v1/x", [], body=None, http_version="1.1", client="192.0.2.1")
     result, _ = await _forward(SlowResponse([b'{"ok":true}'], delay_s=0.3), sink, budget_s=0.5, request=h1)
     assert result.outcome is Outcome.SUCCESS and [a[0] for a in sink.answers] == [200]
+
+
+class UnaryGrpcAnswer(SlowResponse):
+    """A unary gRPC answer: its message and trailers all in by the first read, after `delay_s`."""
+
+    def __init__(self, message: bytes, delay_s: float) -> None:
+        super().__init__([message], delay_s, length=False)
+        self.trailers = [(b"grpc-status", b"0")]
+        self.all_received = False
+
+    async def receive(self) -> bytes:
+        if self.all_received:
+            return b""
+        await trio.sleep(self._delay)
+        self.all_received = True  # the trailers and END_STREAM came with the DATA
+        return self._chunks.pop(0)
+
+
+class TrailerSink(Sink):
+    async def trailers(self, fields) -> None:
+        self.answers.append((0, fields, b""))
+
+
+async def test_a_unary_grpc_answer_complete_at_its_first_read_goes_out_head_message_trailers(autojump_clock) -> None:
+    sink = TrailerSink()
+    result, _ = await _forward(UnaryGrpcAnswer(b"\x00\x00\x00\x00\x02hi", delay_s=0.1), sink, budget_s=0.5)
+    assert result.outcome is Outcome.SUCCESS
+    assert [a[0] for a in sink.answers] == [200, 0] and sink.sent == [b"\x00\x00\x00\x00\x02hi"]
+    assert sink.answers[1][1] == [(b"grpc-status", b"0")]
+
+
+async def test_a_unary_grpc_answer_past_the_deadline_is_a_504_before_any_write(autojump_clock) -> None:
+    # The whole-answer path (no stream scope): the clock is checked before the head goes out, so the
+    # client gets the sidecar's 504 rather than a started stream cut by a scope.
+    sink = TrailerSink()
+    result, released = await _forward(UnaryGrpcAnswer(b"\x00\x00\x00\x00\x02hi", delay_s=0.3), sink, budget_s=0.2)
+    assert result.reason is wire.Reason.DEADLINE_EXPIRED
+    assert [a[0] for a in sink.answers] == [504] and sink.sent == []

@@ -20,6 +20,8 @@ from proxy.runtime import relay
 
 
 class FakeResponse:
+    all_received = False  # the relay's whole-answer shortcut: never taken for these (they arrive late)
+
     def __init__(self, status: int, headers, chunks: list[bytes]) -> None:
         self.status, self.headers, self.http_version = status, headers, "1.1"
         self._chunks = list(chunks)

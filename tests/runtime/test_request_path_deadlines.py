@@ -88,6 +88,8 @@ class Pipe:
 
     http_version = "1.1"
 
+    all_received = False  # the relay's whole-answer shortcut: never taken for these (they arrive late)
+
     def __init__(self, request: Request, write_delay_s: float = 0.0) -> None:
         self.request = request
         self.write_delay_s = write_delay_s  # a slow reader: the head takes this long to write
