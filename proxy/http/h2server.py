@@ -411,6 +411,7 @@ class H2ServerConnection:
         self.requests = 0
         self._stream = stream
         self._io = sockio.wrap(stream)
+        self._sock = stream.socket if isinstance(stream, trio.SocketStream) else None  # for the wait room
         self._client = client
         self._deadline = accepted_at + limits.header_timeout_s  # see _read
         self._reader_scope = trio.CancelScope()  # cancelled by _stop()
@@ -553,7 +554,14 @@ class H2ServerConnection:
             try:
                 # A full read suggests more is waiting (an upload): read at once. Otherwise
                 # the client has said what it had to say for now: wait, then read once.
-                data = await self._io.receive(RECEIVE_SIZE, len(data) < RECEIVE_SIZE)
+                if self.streams or self._sock is None:
+                    data = await self._io.receive(RECEIVE_SIZE, len(data) < RECEIVE_SIZE)
+                else:
+                    # Idle (no stream open): the client may hold the connection for
+                    # long and drop it with thousands of others at once. Park the socket in the server's
+                    # wait room, which wakes such connections in bounded batches (proxy/http/waitroom.py).
+                    await trio.lowlevel.checkpoint()  # as sockio's wait: every other ready task first
+                    data = await self.ctx.room.receive(self._sock, RECEIVE_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return True
             if not data:

@@ -306,6 +306,7 @@ class Server:
             async with trio.open_nursery() as connections:
                 self._connections_scope = connections.cancel_scope
                 await connections.start(self._ctx.patrol.run)
+                await connections.start(self._ctx.room.run)
                 async with trio.open_nursery() as acceptors:
                     self._accept_scope = acceptors.cancel_scope
                     for listener in listeners:

@@ -1,0 +1,101 @@
+"""Thousands of held connections dropped at once end in bounded batches, not in one scheduler pass.
+
+Under bench.attacks' stalled_bodies the attacker holds 4,096 connections each waiting
+for a request body, then exits: every socket reports EOF together, and trio woke every
+connection's task in the same scheduler pass (~30 us each to read the EOF, fail the body
+and close): 120-270 ms in which no other request moved, the attack's p99. The body wait
+now parks its socket in the server's wait room (proxy/http/waitroom.py), which wakes at
+most waitroom.BATCH (32) of them per pass. Here: HELD stalled bodies on a real listener on 127.0.0.1,
+the client closes them all at once, and an instrument counts the tasks each scheduler
+pass runs meanwhile. On main one pass ran ~HELD of them.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import trio
+
+from proxy.http.h1server import PREFACE
+from proxy.http.server import Server
+from proxy.policy.schema import Listen
+
+HELD = 300
+MOST_PER_PASS = 100  # the room wakes 32 a pass (waitroom.BATCH); each ending adds a step or two of its own
+SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty SETTINGS frame
+HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{"
+
+
+class _StepsPerPass(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.steps = 0
+        self.most = 0
+
+    def after_io_wait(self, timeout: float) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task) -> None:
+        self.steps += 1
+        self.most = max(self.most, self.steps)
+
+
+async def _reads_the_body(request, sink) -> None:
+    await request.body.read_all()
+    await sink.respond(200, [], b"")
+
+
+async def test_stalled_bodies_dropped_at_once_end_in_bounded_batches():
+    server = Server(_reads_the_body, Listen(max_connections=HELD + 10), buffer_bodies=True)
+    sockets: list[socket.socket] = []
+    passes = _StepsPerPass()
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                address = await nursery.start(server.serve, "127.0.0.1:0")
+                host, port = address.rsplit(":", 1)
+                for _ in range(HELD):
+                    sock = socket.create_connection((host, int(port)))
+                    sock.sendall(HEAD)
+                    sockets.append(sock)
+                while server.statistics().connections_http1 < HELD or len(server._ctx.patrol.bodies) < HELD:
+                    await trio.sleep(0.01)  # every one accepted, its head read, waiting for its body
+                trio.lowlevel.add_instrument(passes)
+                for sock in sockets:
+                    sock.close()  # all at once, as an attacker's exit
+                while server.statistics().connections_http1:
+                    await trio.sleep(0.001)
+                trio.lowlevel.remove_instrument(passes)
+                nursery.cancel_scope.cancel()
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert passes.most <= MOST_PER_PASS, f"one scheduler pass ran {passes.most} tasks as {HELD} clients left"
+
+
+async def test_idle_h2_connections_dropped_at_once_end_in_bounded_batches():
+    server = Server(_reads_the_body, Listen(max_connections=HELD + 10))
+    sockets: list[socket.socket] = []
+    passes = _StepsPerPass()
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                address = await nursery.start(server.serve, "127.0.0.1:0")
+                host, port = address.rsplit(":", 1)
+                for _ in range(HELD):
+                    sock = socket.create_connection((host, int(port)))
+                    sock.sendall(PREFACE + SETTINGS)
+                    sockets.append(sock)
+                while server.statistics().connections_h2 < HELD:
+                    await trio.sleep(0.01)
+                await trio.sleep(0.2)  # each one read the preface, answered, and waits for its first request
+                trio.lowlevel.add_instrument(passes)
+                for sock in sockets:
+                    sock.close()
+                while server.statistics().connections_h2:
+                    await trio.sleep(0.001)
+                trio.lowlevel.remove_instrument(passes)
+                nursery.cancel_scope.cancel()
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert passes.most <= MOST_PER_PASS, f"one scheduler pass ran {passes.most} tasks as {HELD} clients left"
