@@ -41,7 +41,7 @@ import trio
 from trio.testing import wait_all_tasks_blocked  # the runner's own idle test (module doc)
 
 BATCH = 32  # sockets woken per scheduler pass (~30 us each for an ending connection: ~1 ms)
-BURST_DEFER_MAX_S = 0.01  # with the loop never idle, one batch per this long: closes are slowed, never stopped
+BURST_DEFER_MAX_S = 0.01  # with the loop never idle, one batch per this long: endings are slowed, never stopped
 _CLOSED_ERRNOS = frozenset({errno.EBADF, errno.ENOTSOCK})
 
 
