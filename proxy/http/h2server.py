@@ -454,6 +454,9 @@ class H2ServerConnection:
                 peer_gone = False
                 with self._reader_scope:
                     peer_gone = await self._read(initial)
+                if peer_gone and not self.streams:
+                    # Idle connections dropped together end in batches (proxy/http/waitroom.py).
+                    await self.ctx.room.ending()
                 if not peer_gone:
                     self._say_goodbye()
                     with trio.move_on_after(CLOSE_GRACE_S), contextlib.suppress(ClientGone):

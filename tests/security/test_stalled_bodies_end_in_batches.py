@@ -15,6 +15,7 @@ from __future__ import annotations
 import socket
 
 import trio
+from hyperframe.frame import HeadersFrame
 
 from proxy.http.h1server import PREFACE
 from proxy.http.server import Server
@@ -23,20 +24,26 @@ from proxy.policy.schema import Listen
 HELD = 300
 MOST_PER_PASS = 100  # the room wakes 32 a pass (waitroom.BATCH); each ending adds a step or two of its own
 SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty SETTINGS frame
+# GET / on stream 1 (HPACK: static :method GET, :scheme http, :path /; literal :authority x)
+REQUEST = HeadersFrame(1, data=b"\x82\x86\x84\x41\x01x", flags=["END_HEADERS", "END_STREAM"]).serialize()
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{"
 
 
 class _StepsPerPass(trio.abc.Instrument):
     def __init__(self) -> None:
-        self.steps = 0
-        self.most = 0
+        self.steps = self.exits = 0
+        self.most = self.most_exits = 0
 
     def after_io_wait(self, timeout: float) -> None:
-        self.steps = 0
+        self.steps = self.exits = 0
 
     def before_task_step(self, task) -> None:
         self.steps += 1
         self.most = max(self.most, self.steps)
+
+    def task_exited(self, task) -> None:
+        self.exits += 1
+        self.most_exits = max(self.most_exits, self.exits)
 
 
 async def _reads_the_body(request, sink) -> None:
@@ -99,3 +106,34 @@ async def test_idle_h2_connections_dropped_at_once_end_in_bounded_batches():
         for sock in sockets:
             sock.close()
     assert passes.most <= MOST_PER_PASS, f"one scheduler pass ran {passes.most} tasks as {HELD} clients left"
+
+
+async def test_h2_connections_idle_after_their_streams_dropped_at_once_end_in_bounded_batches():
+    """These wait in trio's own epoll (their reader began waiting while a stream ran): trio wakes them all in one
+    pass, each reads its EOF (a few us), and their endings (the tasks that exit) go through in batches."""
+    server = Server(_reads_the_body, Listen(max_connections=HELD + 10))
+    sockets: list[socket.socket] = []
+    passes = _StepsPerPass()
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                address = await nursery.start(server.serve, "127.0.0.1:0")
+                host, port = address.rsplit(":", 1)
+                for _ in range(HELD):
+                    sock = socket.create_connection((host, int(port)))
+                    sock.sendall(PREFACE + SETTINGS + REQUEST)
+                    sockets.append(sock)
+                while server.statistics().requests_total < HELD:
+                    await trio.sleep(0.01)
+                await trio.sleep(0.2)  # every stream answered and done; the connections idle
+                trio.lowlevel.add_instrument(passes)
+                for sock in sockets:
+                    sock.close()
+                while server.statistics().connections_h2:
+                    await trio.sleep(0.001)
+                trio.lowlevel.remove_instrument(passes)
+                nursery.cancel_scope.cancel()
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert passes.most_exits <= MOST_PER_PASS, f"one scheduler pass ended {passes.most_exits} tasks as {HELD} left"
