@@ -12,6 +12,7 @@ pass runs meanwhile. On main one pass ran ~HELD of them.
 
 from __future__ import annotations
 
+import gc
 import socket
 
 import trio
@@ -22,6 +23,7 @@ from proxy.http.server import Server
 from proxy.policy.schema import Listen
 
 HELD = 300
+BATCH = 32  # waitroom.BATCH
 MOST_PER_PASS = 100  # the room wakes 32 a pass (waitroom.BATCH); each ending adds a step or two of its own
 SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty SETTINGS frame
 # GET / on stream 1 (HPACK: static :method GET, :scheme http, :path /; literal :authority x)
@@ -137,3 +139,52 @@ async def test_h2_connections_idle_after_their_streams_dropped_at_once_end_in_bo
         for sock in sockets:
             sock.close()
     assert passes.most_exits <= MOST_PER_PASS, f"one scheduler pass ended {passes.most_exits} tasks as {HELD} left"
+
+
+class _EndingsWithTheCollectorOn(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.on = True
+        self.ended = self.ended_with_collector_on = 0
+
+    def after_io_wait(self, timeout: float) -> None:
+        self.on = gc.isenabled()
+
+    def task_exited(self, task) -> None:
+        self.ended += 1
+        self.ended_with_collector_on += self.on
+
+
+async def test_the_collector_waits_while_a_burst_of_endings_goes_through():
+    """A collector pass amid the burst walks every connection still waiting for its turn, all about to be freed
+    by refcount: under stalled_bodies' exit, one gen-1 pass of ~100 ms. The room pauses the collector from the
+    first full batch until fewer than a batch are left: only the first and the last batch end with it on."""
+    server = Server(_reads_the_body, Listen(max_connections=HELD + 10), buffer_bodies=True)
+    sockets: list[socket.socket] = []
+    endings = _EndingsWithTheCollectorOn()
+    assert gc.isenabled()
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                address = await nursery.start(server.serve, "127.0.0.1:0")
+                host, port = address.rsplit(":", 1)
+                for _ in range(HELD):
+                    sock = socket.create_connection((host, int(port)))
+                    sock.sendall(HEAD)
+                    sockets.append(sock)
+                while len(server._ctx.patrol.bodies) < HELD:
+                    await trio.sleep(0.01)
+                trio.lowlevel.add_instrument(endings)
+                for sock in sockets:
+                    sock.close()
+                while server.statistics().connections_http1:
+                    await trio.sleep(0.001)
+                trio.lowlevel.remove_instrument(endings)
+                nursery.cancel_scope.cancel()
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert gc.isenabled()  # on again after the burst
+    assert endings.ended >= HELD
+    assert endings.ended_with_collector_on <= 3 * BATCH, (
+        f"{endings.ended_with_collector_on} of {endings.ended} tasks ended with the collector on"
+    )
