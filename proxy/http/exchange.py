@@ -16,6 +16,7 @@ into an answer on the wire:
 
 `ServerContext` is what every connection of one `Server` shares: the handler, the
 limits, the `Patrol` (phase deadlines, eviction, hung-up clients: proxy/http/patrol.py),
+the `WaitRoom` (sockets of stalled clients, woken in bounded batches: proxy/http/waitroom.py),
 statistics counters and the Prometheus children bound once (never per request).
 `metrics=None` leaves only the counters, so tests need no registry.
 Its `events` log (proxy/http/ratelog.py) is where every client-caused event is
@@ -59,6 +60,7 @@ from proxy.errors import BodyTooLarge, ClientGone, ProtocolError, RequestTimeout
 from proxy.http.messages import Handler, Headers, Request, ResponseSink
 from proxy.http.patrol import Patrol
 from proxy.http.ratelog import RateLimitedLog
+from proxy.http.waitroom import WaitRoom
 from proxy.metrics import Metrics
 from proxy.policy.schema import Listen
 
@@ -114,6 +116,7 @@ class ServerContext:
         self.limits = limits
         self.metrics = metrics
         self.patrol = Patrol(self)
+        self.room = WaitRoom()  # sockets held waiting for a stalled client, woken in bounded batches (waitroom.py)
         self.draining = False
         self.requests_in_flight = 0
         self.requests_total = 0

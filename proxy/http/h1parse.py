@@ -254,7 +254,10 @@ class RequestParser:
         try:
             self._execute(data)
         except FramingError as exc:
-            self._fail(exc)
+            # Kept in `events` after this frame is gone: without its traceback and context, whose frames
+            # (up to the connection's) would make the parser, and the connection with it, a reference cycle.
+            exc.__context__ = None
+            self._fail(exc.with_traceback(None))
             return
         if self.in_head:
             # The read a head begins in may hold earlier requests too: count only later reads.

@@ -385,13 +385,25 @@ class H1ServerConnection:
             patrol.body_wait(self, trio.current_time())  # evictable while the client makes us wait
             data = b""
             with trio.move_on_at(body.wait_until()) as waited:
-                data = await self._receive(False)
+                data = await self._receive_held()
             patrol.forget(self)
             self._feed_body(body, data, waited.cancelled_caught)
         finally:
             self._reading = False
             if self._watch_wanted == self.requests and self._watch is None:
                 self._restart_watch()
+
+    async def _receive_held(self) -> bytes:
+        """Body bytes the client makes us wait for: read now, or park the socket in the server's wait room
+        (proxy/http/waitroom.py), so that thousands of stalled bodies dropped at once end in bounded batches,
+        not all in one scheduler pass. b'' on EOF or reset."""
+        sock = self._sock
+        if sock is None or self._unread:
+            return await self._receive(False)
+        try:
+            return await self.ctx.room.receive(sock, RECEIVE_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return b""  # reset by peer: as good as EOF
 
     def _feed_body(self, body: H1Body, data: bytes, timed_out: bool) -> None:
         if timed_out:

@@ -235,7 +235,7 @@ class Server:
 
     @limits.setter
     def limits(self, limits: Listen) -> None:
-        self._ctx.limits = limits  # a reload of listen.* (what applies live does so here)
+        self.update_limits(limits)  # a reload of listen.* (what applies live does so there)
 
     def update_limits(self, limits: Listen) -> None:
         """Policy reload: new `[listen]` limits, in force from each limit's next use.
@@ -248,6 +248,7 @@ class Server:
         address is the one thing it cannot change.
         """
         self._ctx.limits = limits
+        self._ctx.patrol.wake()  # it sleeps until the next deadline under the old timeouts
 
     @property
     def max_connections(self) -> int:
@@ -306,6 +307,7 @@ class Server:
             async with trio.open_nursery() as connections:
                 self._connections_scope = connections.cancel_scope
                 await connections.start(self._ctx.patrol.run)
+                await connections.start(self._ctx.room.run)
                 async with trio.open_nursery() as acceptors:
                     self._accept_scope = acceptors.cancel_scope
                     for listener in listeners:

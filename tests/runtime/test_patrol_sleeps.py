@@ -1,0 +1,80 @@
+"""An idle server's patrol sleeps until the next deadline it guards, and still meets every deadline.
+
+The patrol (proxy/http/patrol.py) used to wake at least every 0.1 s (min(timeouts,
+WATCH_AFTER_S)) whatever it guarded: ten passes a second per server on an idle
+sidecar (~2 ms of CPU a second). Now it sleeps until its next deadline, and a phase
+change due earlier (the first request after a quiet spell, a head) or a reload moves
+its wake-up. On trio's autojump clock, so every figure is exact.
+"""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from proxy.http.server import Server
+from proxy.policy.schema import Listen
+
+
+async def _ok(request, sink) -> None:
+    await request.body.read_all()
+    await sink.respond(200, [], b"")
+
+
+async def _serving(nursery, server: Server) -> tuple[str, int]:
+    address = await nursery.start(server.serve, "127.0.0.1:0")
+    host, port = address.rsplit(":", 1)
+    return host, int(port)
+
+
+async def test_an_idle_servers_patrol_does_not_wake(autojump_clock):
+    server = Server(_ok, Listen())
+    patrol = server._ctx.patrol
+    passes: list[float] = []
+    each_pass = patrol._pass
+
+    def counted(now: float) -> float:
+        passes.append(now)
+        return each_pass(now)
+
+    patrol._pass = counted  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        await _serving(nursery, server)
+        await trio.sleep(1)
+        passes.clear()
+        await trio.sleep(60)
+        assert passes == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_head_due_after_a_quiet_spell_is_still_timed_out_on_time(autojump_clock):
+    server = Server(_ok, Listen(header_timeout_s=2.0))
+    async with trio.open_nursery() as nursery:
+        host, port = await _serving(nursery, server)
+        await trio.sleep(30)  # the patrol asleep, with nothing to guard
+        stream = await trio.open_tcp_stream(host, port)
+        opened = trio.current_time()
+        await stream.send_all(b"GET / HTTP/1.1\r\n")  # a head never finished
+        answer = b""
+        while chunk := await stream.receive_some(4096):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408")
+        assert 2.0 <= trio.current_time() - opened < 2.1
+        await stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_reload_to_a_shorter_timeout_applies_to_the_sleeping_patrol(autojump_clock):
+    server = Server(_ok, Listen(idle_timeout_s=600.0))
+    async with trio.open_nursery() as nursery:
+        host, port = await _serving(nursery, server)
+        stream = await trio.open_tcp_stream(host, port)
+        await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert (await stream.receive_some(4096)).startswith(b"HTTP/1.1 200")
+        await trio.sleep(1)  # idle; the patrol sleeps until 600 s from the answer
+        server.update_limits(Listen(idle_timeout_s=5.0))
+        reloaded = trio.current_time()
+        assert await stream.receive_some(4096) == b""  # closed quietly for idling past the new timeout
+        assert trio.current_time() - reloaded < 4.1
+        await stream.aclose()
+        nursery.cancel_scope.cancel()
