@@ -10,7 +10,7 @@ sidecar, the pod, the load) lost that time too. `worst(cpu, t0, t1)` answers the
 stall in a window; a window's p99 that matches it is the machine's, not the process's.
 
 Why: on the shared 2-core VM, bench.attacks' ~0.5 s outliers (docs/security.md) were such
-stalls: 0.1-0.45 s waits with no steal, while other sessions' jobs (their own autogroups)
+stalls: 0.1-0.7 s waits with no steal, while other sessions' jobs (their own autogroups)
 loaded the same CPU, seen by this sleeper with nothing of ours running. Costs ~2% of a core
 per CPU measured (100 wake-ups a second and two /proc reads each).
 """
