@@ -54,3 +54,13 @@ def _root_logging_restored():
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+def connect_sending(sockets: list[socket.socket], address: str, count: int, data: bytes) -> None:
+    """Open `count` blocking TCP connections to `address` ("host:port"), send `data` on each, and add them
+    to `sockets` (the caller closes them in its finally, whatever happens here)."""
+    host, port = address.rsplit(":", 1)
+    for _ in range(count):
+        sock = socket.create_connection((host, int(port)))
+        sockets.append(sock)
+        sock.sendall(data)

@@ -18,6 +18,7 @@ from proxy.http import patrol
 from proxy.http.server import Server
 from proxy.policy.schema import Listen
 from proxy.runtime.edge import Edge
+from tests.conftest import connect_sending
 
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{"
 WAITING = 40
@@ -37,11 +38,7 @@ async def test_shutdown_with_bodies_pending_logs_no_failure(caplog, monkeypatch)
         with trio.fail_after(10):
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(server.serve, "127.0.0.1:0")
-                host, port = address.rsplit(":", 1)
-                for _ in range(WAITING):
-                    sock = socket.create_connection((host, int(port)))
-                    sock.sendall(HEAD)
-                    sockets.append(sock)
+                connect_sending(sockets, address, WAITING, HEAD)
                 await trio.sleep(0.2)  # each handler in read_body, a watcher wanted
                 nursery.cancel_scope.cancel()
     finally:

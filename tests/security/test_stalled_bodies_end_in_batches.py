@@ -21,6 +21,7 @@ from hyperframe.frame import HeadersFrame
 from proxy.http.h1server import PREFACE
 from proxy.http.server import Server
 from proxy.policy.schema import Listen
+from tests.conftest import connect_sending
 
 HELD = 300
 BATCH = 32  # waitroom.BATCH
@@ -61,11 +62,7 @@ async def test_stalled_bodies_dropped_at_once_end_in_bounded_batches():
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(server.serve, "127.0.0.1:0")
-                host, port = address.rsplit(":", 1)
-                for _ in range(HELD):
-                    sock = socket.create_connection((host, int(port)))
-                    sock.sendall(HEAD)
-                    sockets.append(sock)
+                connect_sending(sockets, address, HELD, HEAD)
                 while server.statistics().connections_http1 < HELD or len(server._ctx.patrol.bodies) < HELD:
                     await trio.sleep(0.01)  # every one accepted, its head read, waiting for its body
                 trio.lowlevel.add_instrument(passes)
@@ -89,11 +86,7 @@ async def test_idle_h2_connections_dropped_at_once_end_in_bounded_batches():
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(server.serve, "127.0.0.1:0")
-                host, port = address.rsplit(":", 1)
-                for _ in range(HELD):
-                    sock = socket.create_connection((host, int(port)))
-                    sock.sendall(PREFACE + SETTINGS)
-                    sockets.append(sock)
+                connect_sending(sockets, address, HELD, PREFACE + SETTINGS)
                 while server.statistics().connections_h2 < HELD:
                     await trio.sleep(0.01)
                 await trio.sleep(0.2)  # each one read the preface, answered, and waits for its first request
@@ -120,11 +113,7 @@ async def test_h2_connections_idle_after_their_streams_dropped_at_once_end_in_bo
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(server.serve, "127.0.0.1:0")
-                host, port = address.rsplit(":", 1)
-                for _ in range(HELD):
-                    sock = socket.create_connection((host, int(port)))
-                    sock.sendall(PREFACE + SETTINGS + REQUEST)
-                    sockets.append(sock)
+                connect_sending(sockets, address, HELD, PREFACE + SETTINGS + REQUEST)
                 while server.statistics().requests_total < HELD:
                     await trio.sleep(0.01)
                 await trio.sleep(0.2)  # every stream answered and done; the connections idle
@@ -166,11 +155,7 @@ async def test_the_collector_waits_while_a_burst_of_endings_goes_through():
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(server.serve, "127.0.0.1:0")
-                host, port = address.rsplit(":", 1)
-                for _ in range(HELD):
-                    sock = socket.create_connection((host, int(port)))
-                    sock.sendall(HEAD)
-                    sockets.append(sock)
+                connect_sending(sockets, address, HELD, HEAD)
                 while len(server._ctx.patrol.bodies) < HELD:
                     await trio.sleep(0.01)
                 trio.lowlevel.add_instrument(endings)
