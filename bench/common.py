@@ -13,6 +13,7 @@ the benchmark could not measure). `Nginx` runs a trivial `return 200` upstream
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import operator
 import os
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Self
 
@@ -99,6 +101,23 @@ def pin(cpu: int | None) -> str:
         return "not pinned"
     os.sched_setaffinity(0, {cpu})
     return f"pinned to CPU {cpu}"
+
+
+@contextlib.contextmanager
+def keep_awake(cpu: int) -> Iterator[int]:
+    """A busy loop at SCHED_IDLE priority (`chrt -i 0`) on `cpu` while the block runs; yields its pid.
+
+    On this project's VMs waking a halted vCPU is slow now and then (bench.overhead's doc has the
+    figures): the loop keeps the core from halting between requests, taking only time nobody else
+    wants (SCHED_IDLE yields to any runnable task at once). A proxy's CPU per request is its own
+    /proc figure either way; subtract the loop's own CPU from whole-core busy time."""
+    require_tool("chrt")
+    loop = subprocess.Popen(["taskset", "-c", str(cpu), "chrt", "-i", "0", sys.executable, "-c", "while True: pass"])
+    try:
+        yield loop.pid
+    finally:
+        loop.kill()
+        loop.wait()
 
 
 def free_port() -> int:

@@ -61,6 +61,7 @@ from bench.common import (
     core_busy_seconds,
     cpu_seconds,
     free_port,
+    keep_awake,
     machine,
     parse_args,
     require_tool,
@@ -349,17 +350,11 @@ def targets_of(summary: dict, configs: list[str]) -> list[dict]:
 @contextlib.contextmanager
 def _awake(args):
     """--keep-awake: a busy loop at SCHED_IDLE on the proxies' core for the run (module doc)."""
-    require_tool("chrt")
-    loop = subprocess.Popen(
-        ["taskset", "-c", str(args.proxy_cpu), "chrt", "-i", "0", sys.executable, "-c", "while True: pass"]
-    )
-    args.spinner_pid = loop.pid
-    try:
-        yield
-    finally:
-        loop.kill()
-        loop.wait()
-        args.spinner_pid = None
+    with keep_awake(args.proxy_cpu) as args.spinner_pid:
+        try:
+            yield
+        finally:
+            args.spinner_pid = None
 
 
 def start_proxies(configs: list[str], nginx: Nginx, args, stack: contextlib.ExitStack, tmp: Path) -> dict:

@@ -19,7 +19,8 @@ proxy. Configurations are interleaved (direct, sidecar, direct, sidecar, ...).
   (capacity SLOTS / SLEEP_MS); the sidecar's limit is SLOTS and its queue is short
   (OVERLOAD_POLICY: a queue wait beyond a few service times is refused with UNAVAILABLE and a
   pushback rather than served late). Peak goodput is measured closed
-  loop at SLOTS in flight through the sidecar; then 2x capacity is offered open loop by
+  loop through the sidecar, the better of SLOTS and 2 x SLOTS calls in flight (the second keeps
+  its queue full, so its dispatch is measured too); then 2x capacity is offered open loop by
   clients whose gRPC retry policy retries UNAVAILABLE (a 10 ms backoff of its own, so the wait
   it keeps is the sidecar's grpc-retry-pushback-ms). Reported: goodput / peak, and the share of
   rejected attempts the client retried (the sidecar's rejections minus the calls that ended
@@ -33,10 +34,16 @@ proxy. Configurations are interleaved (direct, sidecar, direct, sidecar, ...).
   tritonclient[grpc] direct and through the sidecar (model metadata, outputs, an unknown model's
   status and message) with policies/triton-grpc.toml; the added p50/p99 at TRITON_RATE calls/s
   (10 ms per batch); and the overload case as above at 200 ms per batch (capacity 16 / 0.2 s =
-  80 calls/s, 160 offered), the sidecar's limit two batches. Both servers keep computing calls
+  80 calls/s, 160 offered), the sidecar's limit two batches (MLServer's batcher cuts batches by
+  arrival time: limits.dispatch_batch = 16 for it, as docs/grpc.md says). Both servers keep computing calls
   whose client gave up, so each overload case first waits until the server holds none
   (`RealServer.wait_idle`, from its metrics or a probe call), and the direct case, which
   leaves thousands of abandoned calls, runs last.
+
+`--keep-awake`: a SCHED_IDLE busy loop on the sidecar's core (CPU 0) for the run, so it never
+halts between calls (bench.common.keep_awake; bench.overhead's doc says why: on these VMs waking a
+halted vCPU is slow now and then). It measures what the sidecar adds where its core does not
+sleep; run without it too and give both.
 """
 
 NAME = "grpc"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import cpu_seconds, parse_args, pin, target, write_result
+from bench.common import cpu_seconds, keep_awake, parse_args, pin, target, write_result
 from bench.grpc import CONCURRENCY, NAME, RATE, RATES, SLEEP_MS, SLOTS
 from bench.grpc import __doc__ as DOC
 from bench.grpc.load import closed_loop, open_loop, outcome, retrying_options
@@ -38,6 +38,7 @@ kind = "fixed"
 initial_limit = {slots}
 min_limit = 1
 max_limit = {slots}
+dispatch_batch = {dispatch_batch}
 
 [tenants]
 enabled = false
@@ -88,13 +89,19 @@ class Servicer:
 
 
 def sidecar(
-    upstream: str, slots: int, tmp: Path, extra: str = "", policy: Path | None = None, warmup: str = GRPC_HEALTH
+    upstream: str,
+    slots: int,
+    tmp: Path,
+    extra: str = "",
+    policy: Path | None = None,
+    warmup: str = GRPC_HEALTH,
+    dispatch_batch: int = 1,
 ) -> Proc:
     """The sidecar in front of `upstream`, with POLICY (a fixed limit of `slots`, the [warmup] lines
-    `warmup`) or the file `policy`."""
+    `warmup`, limits.dispatch_batch) or the file `policy`."""
     if policy is None:
         policy = tmp / f"policy-{slots}.toml"
-        policy.write_text(POLICY.format(slots=slots, extra=extra, warmup=warmup))
+        policy.write_text(POLICY.format(slots=slots, extra=extra, warmup=warmup, dispatch_batch=dispatch_batch))
     argv = ["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--upstream-protocol", "h2c"]
     proc = Proc(
         [*argv, "--upstream", f"http://{upstream}", "--policy", str(policy)], cpu=0, name="sidecar", ready_timeout_s=60
@@ -174,12 +181,22 @@ def overload(
     capacity: float = SLOTS * 1000.0 / SLEEP_MS,
     settle=None,
 ) -> dict:
-    """Peak goodput closed loop at `slots` in flight through the sidecar, then 2x `capacity` open loop;
-    `settle()` before each case (a server that keeps computing abandoned calls: wait them out)."""
+    """Peak goodput through the sidecar: the better of closed loops with `slots` and 2x `slots` calls in
+    flight (the second keeps its queue full, so its dispatch, limits.dispatch_batch included, is what is
+    measured); then 2x `capacity` open loop; `settle()` before each case (a server that keeps computing
+    abandoned calls: wait them out)."""
     method, payload, service = call
-    peak_run = asyncio.run(closed_loop(via, method, payload, slots, seconds, service=service))
-    peak = peak_run.ok / peak_run.seconds
-    out = {"capacity_calls_per_s": capacity, "peak_goodput_calls_per_s": peak, "offered_calls_per_s": 2 * capacity}
+    peaks = []
+    for clients in (slots, 2 * slots):
+        peak_run = asyncio.run(closed_loop(via, method, payload, clients, seconds, service=service))
+        peaks.append(peak_run.ok / peak_run.seconds)
+    peak = max(peaks)
+    out = {
+        "capacity_calls_per_s": capacity,
+        "peak_goodput_calls_per_s": peak,
+        "peak_goodput_by_clients": dict(zip((slots, 2 * slots), peaks, strict=True)),
+        "offered_calls_per_s": 2 * capacity,
+    }
     cases = (
         ("direct", direct, retrying_options(service=service)),
         ("sidecar", via, retrying_options(service=service)),
@@ -218,6 +235,14 @@ def overload(
     return out
 
 
+def peak_words(over: dict) -> str:
+    by = over["peak_goodput_by_clients"]
+    return (
+        f"peak goodput through the sidecar {over['peak_goodput_calls_per_s']:.1f} calls/s (closed loop, the better "
+        f"of {' and '.join(map(str, by))} clients: {' / '.join(f'{v:.1f}' for v in by.values())})"
+    )
+
+
 def med(rows: list[dict], key: str) -> float | None:
     values = [r[key] for r in rows if r.get(key) is not None]
     return statistics.median(values) if values else None
@@ -234,6 +259,11 @@ def _flags(p) -> None:
         "--triton-only",
         action="store_true",
         help="only the real servers' cases: PyTriton, or those --triton / --mlserver name",
+    )
+    p.add_argument(
+        "--keep-awake",
+        action="store_true",
+        help="a SCHED_IDLE busy loop on the sidecar's core, so it never halts between calls (module doc)",
     )
 
 
@@ -305,8 +335,7 @@ def servicer_cases(stack: contextlib.ExitStack, tmp: Path, rounds: int, seconds:
         f"Identical results direct and through the sidecar (unary, server stream, error + trailers): {identical}.",
         "",
         f"Overload: Sleep {SLEEP_MS} ms, {SLOTS} at once (capacity {over['capacity_calls_per_s']:.0f} calls/s), "
-        f"sidecar limit {SLOTS}; peak goodput through the sidecar {over['peak_goodput_calls_per_s']:.1f} calls/s; "
-        f"offered {over['offered_calls_per_s']:.0f} calls/s open loop, clients with a gRPC retry policy "
+        f"sidecar limit {SLOTS}; {peak_words(over)}; offered {over['offered_calls_per_s']:.0f} calls/s open loop, clients with a gRPC retry policy "
         "(UNAVAILABLE, 5 attempts, 10 ms backoff) except where it says none, 5 s deadline; goodput is OK calls "
         "ended per second within the offered window (its first second left out). The load generator shares CPU 1 "
         "with the servicer: every retried attempt takes CPU from the servicer too.",
@@ -328,6 +357,7 @@ def triton_cases(
         policy = tmp / f"{recipe.name}-grpc.toml"  # the shipped policy, without slow start (a bench starts cold)
         text = TRITON_POLICY.read_text().replace("127.0.0.1:8001", target_)
         text = text.replace('health_check = "grpc"\ngrpc_health_service = ""', recipe.warmup)
+        text = text.replace("\ndispatch_batch = 1\n", f"\ndispatch_batch = {recipe.dispatch_batch}\n")  # as it says
         policy.write_text(text + "\n[slow_start]\nwindow_s = 0\n")
         car = stack.enter_context(sidecar(target_, 0, tmp, policy=policy))
         via = car.url("data").removeprefix("http://")
@@ -338,7 +368,9 @@ def triton_cases(
     capacity = tr.MAX_BATCH / TRITON_OVERLOAD_DELAY_S
     with tr.RealServer(recipe, TRITON_OVERLOAD_DELAY_S, tmp) as server:
         extra = TRITON_OVERLOAD_POLICY.format(queue=slots)
-        tight = stack.enter_context(sidecar(target_, slots, tmp, extra, warmup=recipe.warmup))
+        tight = stack.enter_context(
+            sidecar(target_, slots, tmp, extra, warmup=recipe.warmup, dispatch_batch=recipe.dispatch_batch)
+        )
         over = overload(
             target_, tight.url("data").removeprefix("http://"), tight, 2 * seconds,
             call=call, slots=slots, capacity=capacity, settle=server.wait_idle,
@@ -364,8 +396,8 @@ def triton_cases(
         f"outputs, an unknown model's status and message): {identical}.",
         "",
         f"Overload: {TRITON_OVERLOAD_DELAY_S * 1000:g} ms per batch of up to {tr.MAX_BATCH} (capacity "
-        f"{capacity:.0f} calls/s), sidecar limit {slots}, class queue {slots} / 500 ms; peak goodput through the "
-        f"sidecar {over['peak_goodput_calls_per_s']:.1f} calls/s ({slots} in flight, closed loop); offered "
+        f"{capacity:.0f} calls/s), sidecar limit {slots} (dispatch_batch {recipe.dispatch_batch}), class queue {slots} / 500 ms; "
+        f"{peak_words(over)}; offered "
         f"{over['offered_calls_per_s']:.0f} calls/s open loop, as above.",
         "",
         *overload_rows(over),
@@ -385,11 +417,13 @@ def main() -> None:
     args = parse_args(NAME, DOC, _flags)
     pinned = pin(1)
     rounds, seconds = (2, 4.0) if args.quick else (5, 15.0)
-    runs: dict = {"pinning": pinned}
+    runs: dict = {"pinning": pinned, "keep_awake": args.keep_awake}
     targets: list = []
     sections: list[str] = []
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rampmeter-bench-grpc-")))
+        if args.keep_awake:
+            stack.enter_context(keep_awake(0))
         if not args.triton_only:
             runs["servicer"], t, md = servicer_cases(stack, tmp, rounds, seconds)
             targets += t
@@ -402,7 +436,9 @@ def main() -> None:
         f"# bench.grpc{' (quick)' if args.quick else ''}",
         "",
         f"Load generator {pinned} (grpc.aio), sidecar on CPU 0, grpcio servicer on CPU 1; "
-        f"{rounds} interleaved rounds of {seconds:g} s; load average at the end {os.getloadavg()[0]:.1f} "
+        f"{rounds} interleaved rounds of {seconds:g} s;"
+        f"{' the sidecar core kept awake (--keep-awake: a SCHED_IDLE busy loop);' if args.keep_awake else ''}"
+        f" load average at the end {os.getloadavg()[0]:.1f} "
         "(a shared, busy machine: CPU us per call is the figure that survives it).",
         "",
     ]

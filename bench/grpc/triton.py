@@ -9,7 +9,10 @@ KServe v2 gRPC (inference.GRPCInferenceService):
   it serves grpc.health.v1, so the sidecar runs policies/triton-grpc.toml as shipped.
 - MLSERVER: MLServer 1.7.1, gRPC on 127.0.0.1:8081 (HTTP 8080, metrics 8082). It has no
   grpc.health.v1 (Check answers UNIMPLEMENTED), so the policy's other health choice is used:
-  HTTP /v2/health/ready on its HTTP port (`health_port`), as docs/grpc.md describes.
+  HTTP /v2/health/ready on its HTTP port (`health_port`), as docs/grpc.md describes. Its adaptive
+  batcher cuts a batch max_batch_time after the batch's first arrival and queues it for the model
+  whether or not the model is free, so calls let in one by one split its batches for good: the
+  sidecar runs with limits.dispatch_batch = its max_batch_size (16).
 Their ports are fixed by the recipes: if something already listens on one (someone else's
 server) it refuses to start rather than measure that.
 
@@ -57,6 +60,7 @@ class Recipe:
     ports: tuple[int, int, int]  # HTTP, gRPC, metrics
     warmup: str  # the [warmup] health lines of the sidecar's policy
     pending: Callable[[str], float] | None  # metrics text -> calls the server holds; None: ask by a call (`wait_idle`)
+    dispatch_batch: int  # the policy's limits.dispatch_batch for it (docs/grpc.md)
 
     @property
     def grpc_target(self) -> str:
@@ -69,6 +73,7 @@ PYTRITON = Recipe(
     (8000, 8001, 8002),
     'health_check = "grpc"\ngrpc_health_service = ""',
     _triton_pending,
+    1,  # its dynamic batcher forms a batch when the model is free: slots go as they free
 )
 MLSERVER = Recipe(
     "mlserver",
@@ -76,6 +81,7 @@ MLSERVER = Recipe(
     (8080, 8081, 8082),
     'health_check = "http"\nhealth_path = "/v2/health/ready"\nhealth_port = 8080',
     None,  # its metrics count a call its client gave up on neither as handled nor as failed, ever
+    MAX_BATCH,  # its adaptive batcher cuts a batch 20 ms after the first arrival: calls must come in groups
 )
 RECIPES_BY_NAME = {r.name: r for r in (PYTRITON, MLSERVER)}
 

@@ -46,6 +46,10 @@ Theory of operation (decide under bookkeeping, act outside): every method takes
   feeds the limit (SUCCESS, DROPPED), the service model (SUCCESS; CANCELLED with
   the time it had upstream is a censored sample), the balancer (REFUSED), then
   dispatches.
+- Dispatch in groups (`limits.dispatch_batch` > 1): while tickets wait, a round runs only once
+  some upstream has a whole group free (that many requests, or as many as wait, or its whole
+  limit), so a batcher that cuts batches by arrival time gets them together; a group's slots
+  come back together when its batch ends, and a split batch heals at the next round.
 - Phantom leases (proxy/core/phantoms.py): a lease released CANCELLED after time
   upstream, on an upstream that keeps computing after a disconnect
   (`upstreams[i].stops_on_cancel`, or "auto" until learned), keeps its units
@@ -587,6 +591,8 @@ class AdmissionController:
     def _dispatch(self, now: float) -> None:
         """Admit (or expire) waiting tickets while room allows; see the module docstring."""
         line, cap = self.waitline, self.capacity
+        if self._dispatch_batch > 1 and line.entries and not self._batch_room():
+            return  # freed slots held for a whole group (expiries are found by expire(now))
         while line.entries:
             if not cap.has_room():
                 return  # the usual saturated case; expiries are found by expire(now)
@@ -626,6 +632,13 @@ class AdmissionController:
                 break
             if not progressed:
                 return
+
+    def _batch_room(self) -> bool:
+        """`limits.dispatch_batch`: some upstream has a whole group free (the group: dispatch_batch
+        requests, or as many as wait, or its whole limit, whichever is least). Never holds for ever:
+        room only grows as leases end, and with none in flight an upstream's whole limit is free."""
+        cap, group = self.capacity, min(self._dispatch_batch, len(self.waitline.entries))
+        return any(cap.limit(i) - used >= min(group, cap.limit(i)) for i, used in enumerate(cap.used))
 
     def _remove(self, entry: Entry) -> None:
         self.waitline.remove(entry)
@@ -673,6 +686,7 @@ class AdmissionController:
         self.policy = policy
         sched, limits = policy.scheduling, policy.limits
         self._unit_requests = limits.unit == "requests"
+        self._dispatch_batch = limits.dispatch_batch if self._unit_requests else 1
         self._per_token = limits.latency_measure == "ms_per_token"
         self._unjudged_in_flight = sched.unjudged_in_flight or float("inf")
         self.estimator = CostEstimator(policy.routes, sched.parse_max_bytes)

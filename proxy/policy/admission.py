@@ -310,6 +310,14 @@ class Limits(Section, frozen=True):
             description="engine_queue (and the gradient's ceiling from the engine's gauges): requests kept waiting inside the engine, so it has the next one ready when a sequence ends; the limit follows what the engine runs (and its front end holds) plus this many. Everything beyond waits in rampmeter, where it is ordered.",
         ),
     ] = 2.0
+    dispatch_batch: Annotated[
+        int,
+        Meta(
+            ge=1,
+            le=4096,
+            description="Queued requests leave together, up to this many at a time: while requests wait, freed slots are held until this many are free (or as many as wait, or the whole limit), then all go in one round. Set it to the server's batch size for a batcher that cuts batches by arrival time and runs them one after another (MLServer's adaptive batching: a window from the first arrival, then the batch waits its turn): slots given one by one as answers come back split its batches, and a split never heals, since each fragment's answers let in a fragment of the same size (MLServer behind a limit of 32 fell from batches of 16 to 8, halving throughput). 1: each slot is given as soon as it frees (Triton's dynamic batcher and vLLM form batches when the model is free: leave them at 1). Needs unit = requests.",
+        ),
+    ] = 1
     latency_measure: Annotated[
         Literal["request_ms", "ms_per_token"],
         Meta(
@@ -338,6 +346,8 @@ def check_admission(policy: Policy) -> list[str]:
             problems.append(
                 "limits.kind: engine_queue needs the engine's gauges: set gpu.upstream_metrics_path (e.g. /metrics) or upstreams[].metrics_url"
             )
+    if limits.dispatch_batch > 1 and limits.unit != "requests":
+        problems.append("limits.dispatch_batch: counts requests; it needs unit = requests")
     if limits.min_limit > limits.max_limit:  # the bounds themselves; initial_limit is not the one to blame
         problems.append(
             f"limits.min_limit: {limits.min_limit} is above limits.max_limit ({limits.max_limit}); the gradient moves between them"
