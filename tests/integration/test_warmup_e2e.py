@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Self
 
@@ -95,6 +96,17 @@ def pod_stats(pod: Proc) -> dict:
     return httpx.get(pod.url() + "/sim/stats", timeout=5).json()
 
 
+def settled_pod_stats(pod: Proc, timeout_s: float = 10.0) -> dict:
+    """The pod's stats once nothing runs or waits in it: a warm-up probe sent just before /readyz
+    turned 200 may still be running (it ends on its own; a loaded runner shows it)."""
+    until = time.monotonic() + timeout_s
+    stats = pod_stats(pod)
+    while (stats["running"] or stats["waiting"]) and time.monotonic() < until:
+        time.sleep(0.05)
+        stats = pod_stats(pod)
+    return stats
+
+
 def lifecycle(car: Proc) -> dict:
     return httpx.get(car.url("admin") + "/admin/stats", timeout=5).json()["readiness"]["upstreams"][0]
 
@@ -121,7 +133,7 @@ def test_warmup_spends_the_cold_penalty_before_ready_and_rejects_until_then(tmp_
         # before_warm = "reject": answered at once, never sent to the cold pod.
         assert_not_ready_rejection(chat(car), 2000)
         wait_ready(car)
-        stats = pod_stats(pod)
+        stats = settled_pod_stats(pod)
         # The probes, not users, paid the whole cold penalty: "stable" latencies only once it was spent.
         assert stats["cold_multiplier"] == 1.0
         assert stats["requests_executed"] >= COLD_REQUESTS + 2 * 3  # + 3 stable probes per shape
