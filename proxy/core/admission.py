@@ -181,7 +181,7 @@ class AdmissionController:
         self._probes: dict[str, int] = {}  # route -> its unjudged requests upstream
         self._probe_leases: set[int] = set()
         self._now = 0.0
-        self.counts = {"admitted": 0, "expired": 0, "abandoned": 0, "released": 0, "phantoms": 0}
+        self.counts = {"admitted": 0, "expired": 0, "abandoned": 0, "released": 0, "phantoms": 0, "held_for_group": 0}
         self.rejected: dict[str, int] = {}  # reason -> count
         self.models = ServiceModels()
         self.waitline = Waitline(policy.scheduling, policy.classes)
@@ -592,6 +592,7 @@ class AdmissionController:
         """Admit (or expire) waiting tickets while room allows; see the module docstring."""
         line, cap = self.waitline, self.capacity
         if self._dispatch_batch > 1 and line.entries and not self._batch_room():
+            self.counts["held_for_group"] += 1
             return  # freed slots held for a whole group (expiries are found by expire(now))
         while line.entries:
             if not cap.has_room():
@@ -748,6 +749,7 @@ class AdmissionController:
             "inflight_requests": sum(cap.requests),
             "inflight_units": sum(cap.used),
             "limit_total": sum(cap.limit(i) for i in range(len(cap))),
+            "dispatch_batch": self._dispatch_batch,
             "drain_rate_per_s": drain,
             "queue_growth_per_s": arrivals - leaves,
             "queue_growing": bool(len(self.waitline)) and arrivals > leaves,

@@ -32,6 +32,9 @@ def test_freed_slots_wait_for_a_whole_group_then_all_go_in_one_round():
     assert woken == [[], [], []]  # 3 free of a group of 4: held
     last = ctl.release(first[3].lease, 1.0, Outcome.SUCCESS, 10.0)
     assert len(admitted_ids(last)) == 4 and ctl.depth("interactive") == 2
+    stats = ctl.statistics(1.0)
+    # rounds that found less than a group free: 5 arrivals behind the first queued one, 3 releases
+    assert stats["dispatch_batch"] == 4 and stats["counts"]["held_for_group"] == 8
 
 
 def test_a_split_group_heals_one_round_later():

@@ -10,22 +10,21 @@ of a handler that reads the body, on a real listener on 127.0.0.1 with
 max_connections = 8, and 40 stalled bodies, so 32 evictions, with the collector off;
 then one collection must find no frame of the proxy's (or this handler's) code in a
 cycle. On main it found 3,264 objects, 32 cycles through Edge.__call__'s frame. Cycles of
-no proxy frame are not counted (they are not the eviction's: a log handler's or a
-library's); the failure message names the types found either way.
+no proxy frame or type are not counted (tests/security/garbage.py); the failure message
+names the types found either way.
 """
 
 from __future__ import annotations
 
 import gc
 import socket
-import types
-from collections import Counter
 
 import trio
 
 from proxy.http.server import Server
 from proxy.policy.schema import Listen
 from proxy.runtime.edge import Edge
+from tests.security.garbage import collect_saving, kinds, ours
 
 STALLED = 40
 LIMIT = 8
@@ -55,23 +54,14 @@ async def test_evicted_stalled_bodies_leave_no_cyclic_garbage():
                 while server.statistics().connections_evicted < STALLED - LIMIT:
                     await trio.sleep(0.01)
                 await trio.sleep(0.1)  # the evicted ones answered 408 and closed
-                gc.set_debug(gc.DEBUG_SAVEALL)  # what it finds stays in gc.garbage, to be named
-                gc.collect()
+                found = collect_saving()
                 nursery.cancel_scope.cancel()
     finally:
-        gc.set_debug(0)
-        found, gc.garbage[:] = list(gc.garbage), []
         gc.enable()
         for sock in sockets:
             sock.close()
     assert server.statistics().connections_evicted == STALLED - LIMIT
-    ours = [f"{f.f_code.co_filename}:{f.f_code.co_name}" for f in found if _is_ours(f)]
-    kinds = Counter(type(o).__name__ for o in found).most_common(6)
-    assert ours == [], f"{len(found)} objects in cycles after {STALLED - LIMIT} evictions: {kinds}; frames {ours[:8]}"
-
-
-def _is_ours(obj) -> bool:
-    if not isinstance(obj, types.FrameType):
-        return False
-    name = obj.f_code.co_filename
-    return "/proxy/" in name or name == __file__
+    named = ours(found, __file__)
+    assert named == [], (
+        f"{len(found)} objects in cycles after {STALLED - LIMIT} evictions: {kinds(found)}; ours {named[:8]}"
+    )
