@@ -151,19 +151,21 @@ class Patrol:
 
     # --- the task ---
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        try:
-            async with trio.open_nursery() as nursery:
-                self.nursery = nursery
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            try:
                 task_status.started()
                 while True:
                     self._wake_at = at = self._pass(trio.current_time())
                     with trio.CancelScope(deadline=at) as self._sleep:
                         await trio.sleep_forever()
                     self._sleep = None
-        finally:
-            # Closed: a handler still unwinding at shutdown (read_body's finally) must find no
-            # nursery to start a watcher in, not a closed one (RuntimeError, logged as a failure).
-            self.nursery = None
+            finally:
+                # Closing: a handler still unwinding at shutdown (read_body's finally) must find no
+                # nursery to start a watcher in, not a closed one (RuntimeError, logged as a
+                # failure). Dropped here, as the body ends: once it has, the nursery refuses new
+                # tasks while it waits for its watchers, which a finally outside it would leave open.
+                self.nursery = None
 
     def _pass(self, now: float) -> float:
         """Expire what is due and start watchers; returns when the next pass is due."""
