@@ -8,19 +8,25 @@ exits, all 4,096 sockets report EOF together, and every connection's task ran it
 ending (the read, the failed body, the close: ~30 us each) in one or two passes,
 120-270 ms in which no other request moved.
 
-A connection that waits for such a client (a request body still to come) parks its
-socket in the server's `WaitRoom` instead of trio's own epoll (`receive`). The room
-has an epoll descriptor of its own, which trio watches for it (one registration).
-When that is readable, the room's task takes at most BATCH ready sockets from it
-(epoll_wait's maxevents) and reschedules their tasks. After a full batch, more may be
-ready: it waits until every other task is blocked (trio.testing.wait_all_tasks_blocked,
-the loop's idle time, as the accept loop does: proxy/http/server.py) before taking the
-next, BURST_DEFER_MAX_S at most. So a burst of N closes is N / BATCH passes of at most
-BATCH endings each (~1 ms), run while the loop has nothing better to do, and a request
-in flight waits for one batch at most per pass, not for the whole burst. A socket with
-bytes for us (the client sending its body) goes the same way: one batch is all there
-is, so it costs one more scheduler pass and two epoll_ctl calls per wait, which only a
-body that arrives in pieces pays, and only when a read finds nothing.
+A connection that waits for such a client (a request body still to come, an idle HTTP/2
+connection) parks its socket in the server's `WaitRoom` instead of trio's own epoll (`receive`).
+The room has an epoll descriptor of its own (one-shot registrations), which trio watches for it
+(one registration). When that is readable, the room's task sorts every ready socket (SORT per
+epoll_wait, a scheduler pass between chunks) into two lanes: bytes to read, or a hang-up (EOF,
+reset, error: EPOLLRDHUP / EPOLLHUP / EPOLLERR), and wakes at most BATCH tasks a pass, the
+bytes-to-read lane first. After a full batch, more may be ready: it waits until every other task
+is blocked (trio.testing.wait_all_tasks_blocked, the loop's idle time, as the accept loop does:
+proxy/http/server.py) before sorting again and taking the next, BURST_DEFER_MAX_S at most. So a
+burst of N closes is N / BATCH passes of at most BATCH endings each (~1 ms), run while the loop
+has nothing better to do, and a request in flight waits for one batch at most per pass, not for
+the whole burst. A socket with bytes for us goes before every hang-up still queued: a normal
+client's idle HTTP/2 connection is parked in the same room as an attacker's stalled bodies, and
+when thousands of those hung up at once its next request was woken behind all of them (300th of
+301 in tests/security/test_waitroom_lanes.py; under bench.attacks' stalled_bodies an HTTP/2
+request sent at once was answered after 873 ms while the sidecar's own handling of every request
+took at most 61 ms: this is one way that happens). Waking costs one scheduler pass and one epoll_ctl
+per wait, which only a body that arrives in pieces and an idle HTTP/2 connection's next request
+pay, and only when a read finds nothing.
 
 A connection that trio itself woke for its client's EOF (an HTTP/2 connection idle
 after its streams ended: its reader began waiting while they ran, so in trio's epoll)
@@ -30,8 +36,7 @@ pass; the ending itself (GOAWAY, the writer task, the nursery, the close: ~100 u
 HTTP/2) is batched. bench.attacks' bad_targets held ~500 such connections and dropped
 them at its exit.
 
-While a burst goes through (from the first full batch until fewer than a batch are
-left), the cyclic garbage collector is paused (`gc.disable()`, only if it was on, and
+While a burst goes through (from the first full batch until both lanes are empty), the cyclic garbage collector is paused (`gc.disable()`, only if it was on, and
 on again when the burst ends). A collector pass in the middle of a burst walks every
 object of the connections still waiting for their turn, which are about to be freed by
 refcount anyway: under stalled_bodies' exit that was one gen-1 pass over ~130,000-
@@ -56,11 +61,14 @@ import errno
 import gc
 import os
 import select
+from collections import deque
 
 import trio
 from trio.testing import wait_all_tasks_blocked  # the runner's own idle test (module doc)
 
 BATCH = 32  # sockets woken per scheduler pass (~30 us each for an ending connection: ~1 ms)
+SORT = 256  # ready sockets taken from the room's epoll per call while sorting them into lanes
+_HANGUP = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR if hasattr(select, "epoll") else 0
 BURST_DEFER_MAX_S = 0.01  # with the loop never idle, one batch per this long: endings are slowed, never stopped
 _CLOSED_ERRNOS = frozenset({errno.EBADF, errno.ENOTSOCK})
 
@@ -69,6 +77,8 @@ class WaitRoom:
     def __init__(self) -> None:
         self._epoll: select.epoll | None = None  # while the room's task runs
         self._waiting: dict[int, trio.lowlevel.Task] = {}
+        self._data: deque[int] = deque()  # sorted, not yet woken: sockets with bytes to read
+        self._hangups: deque[int] = deque()  # and sockets whose peer hung up (or failed)
         self.woken = 0
         self.batches_deferred = 0  # full batches after which the next waited for the loop's idle time
         self._endings = trio.lowlevel.ParkingLot()  # connections waiting for their turn to end (`ending`)
@@ -95,14 +105,16 @@ class WaitRoom:
                 nursery.start_soon(self._let_endings_through)
                 task_status.started()
                 while True:
-                    await trio.lowlevel.wait_readable(epoll.fileno())
-                    if self._wake(epoll.poll(0, BATCH)) == BATCH:
+                    if not (self._data or self._hangups):
+                        await trio.lowlevel.wait_readable(epoll.fileno())
+                    await self._sort(epoll)
+                    if self._wake_batch() == BATCH and (self._data or self._hangups):
                         self._burst_begins()
                         try:
-                            while True:
+                            while self._data or self._hangups:
                                 await self._between_batches()
-                                if self._wake(epoll.poll(0, BATCH)) < BATCH:
-                                    break
+                                await self._sort(epoll)  # bytes that came meanwhile go before the hang-ups
+                                self._wake_batch()
                         finally:
                             self._burst_ends()
         finally:
@@ -156,14 +168,32 @@ class WaitRoom:
         self.endings += 1
         await self._endings.park()
 
-    def _wake(self, ready: list[tuple[int, int]]) -> int:
-        for fd, _ in ready:
-            task = self._waiting.pop(fd, None)
-            self._unregister(fd)
-            if task is not None:
-                self.woken += 1
+    async def _sort(self, epoll: select.epoll) -> None:
+        """Every socket ready now, out of the room's epoll into its lane: bytes to read, or a hang-up."""
+        while True:
+            ready = epoll.poll(0, SORT)
+            for fd, events in ready:  # one-shot: reported once, still registered until its task is woken
+                (self._hangups if events & _HANGUP else self._data).append(fd)
+            if len(ready) < SORT:
+                return
+            await trio.lowlevel.checkpoint()  # thousands ready at once: sorted a chunk a pass
+
+    def _wake_batch(self) -> int:
+        """Wake up to BATCH parked tasks, those with bytes to read first; how many were woken."""
+        woken = 0
+        for lane in (self._data, self._hangups):
+            while lane and woken < BATCH:
+                fd = lane.popleft()
+                task = self._waiting.pop(fd, None)
+                if task is None:
+                    continue  # its wait was cancelled meanwhile
+                self._unregister(
+                    fd
+                )  # (a stale entry of an fd a newer wait reuses wakes it: it reads nothing, waits again)
+                woken += 1
                 trio.lowlevel.reschedule(task)
-        return len(ready)
+        self.woken += woken
+        return woken
 
     def _unregister(self, fd: int) -> None:
         epoll = self._epoll
@@ -181,7 +211,7 @@ class WaitRoom:
             return
         if fd in self._waiting:
             raise trio.BusyResourceError("another task is waiting for this socket")
-        epoll.register(fd, select.EPOLLIN)
+        epoll.register(fd, select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT)
         self._waiting[fd] = trio.lowlevel.current_task()
 
         def abort(_raise_cancel) -> trio.lowlevel.Abort:
