@@ -36,8 +36,9 @@ pass; the ending itself (GOAWAY, the writer task, the nursery, the close: ~100 u
 HTTP/2) is batched. bench.attacks' bad_targets held ~500 such connections and dropped
 them at its exit.
 
-While a burst goes through (from the first full batch until both lanes are empty), the cyclic garbage collector is paused (`gc.disable()`, only if it was on, and
-on again when the burst ends). A collector pass in the middle of a burst walks every
+While a burst goes through (from the first full batch until both lanes are empty), the
+cyclic garbage collector is paused (`gc.disable()`, only if it was on, and on again when
+the burst ends). A collector pass in the middle of a burst walks every
 object of the connections still waiting for their turn, which are about to be freed by
 refcount anyway: under stalled_bodies' exit that was one gen-1 pass over ~130,000-
 190,000 objects, ~100 ms, the largest pause left. After the burst the same pass walks
@@ -187,9 +188,9 @@ class WaitRoom:
                 task = self._waiting.pop(fd, None)
                 if task is None:
                     continue  # its wait was cancelled meanwhile
-                self._unregister(
-                    fd
-                )  # (a stale entry of an fd a newer wait reuses wakes it: it reads nothing, waits again)
+                # A stale entry (its wait cancelled, the fd reused by a newer wait) wakes that newer
+                # wait: it reads nothing and parks again.
+                self._unregister(fd)
                 woken += 1
                 trio.lowlevel.reschedule(task)
         self.woken += woken
