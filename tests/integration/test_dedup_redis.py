@@ -25,7 +25,11 @@ AUTH_B = [(b"idempotency-key", b"job-7"), (b"authorization", b"Bearer tenant-b")
 
 @asynccontextmanager
 async def replica(url: str, **overrides):
-    policy = DedupPolicy(store="redis", redis_url=url, store_timeout_ms=200, **overrides)
+    # A claim slower than store_timeout_ms fails open (the replica leads locally): 200 ms let a
+    # loaded CI runner's stall turn the remote follower into a second leader (seen once in CI).
+    # As long as the lease allows (lease_ms >= 4 x store_timeout_ms, the policy's own rule).
+    lease_ms = overrides.get("lease_ms", 10_000)
+    policy = DedupPolicy(store="redis", redis_url=url, store_timeout_ms=min(2000, lease_ms // 4), **overrides)
     metrics = Metrics()
     dedup = Deduplicator(policy, build_store(policy, metrics), metrics)
     async with trio.open_nursery() as nursery:
