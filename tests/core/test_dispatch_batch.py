@@ -48,18 +48,17 @@ def test_a_split_group_heals_one_round_later():
     assert len(admitted_ids(again)) == 4
 
 
-def test_fewer_waiting_than_a_group_go_once_that_many_are_free():
-    ctl = controller(grouped(8, 4))
-    first = fill(ctl, 8)
-    fill(ctl, 2)
-    assert ctl.release(first[0].lease, 1.0, Outcome.SUCCESS, 10.0) == []
-    assert len(admitted_ids(ctl.release(first[1].lease, 1.0, Outcome.SUCCESS, 10.0))) == 2
-
-
-def test_a_group_larger_than_the_limit_waits_for_the_whole_limit_not_for_ever():
-    ctl = controller(grouped(2, 16))
-    first = fill(ctl, 2)
-    fill(ctl, 5)
+@pytest.mark.parametrize(
+    ("limit", "batch", "queued"),
+    [
+        (8, 4, 2),  # fewer waiting than a group: they go once that many are free
+        (2, 16, 5),  # a group larger than the limit: it waits for the whole limit, not for ever
+    ],
+)
+def test_a_smaller_group_goes_once_two_slots_are_free(limit, batch, queued):
+    ctl = controller(grouped(limit, batch))
+    first = fill(ctl, limit)
+    fill(ctl, queued)
     assert ctl.release(first[0].lease, 1.0, Outcome.SUCCESS, 10.0) == []
     assert len(admitted_ids(ctl.release(first[1].lease, 1.0, Outcome.SUCCESS, 10.0))) == 2
 
