@@ -78,3 +78,48 @@ async def test_a_reload_to_a_shorter_timeout_applies_to_the_sleeping_patrol(auto
         assert trio.current_time() - reloaded < 4.1
         await stream.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_steady_traffic_does_not_postpone_the_patrol(autojump_clock):
+    """Requests arriving under WATCH_BATCH_S apart used to push the patrol's wake-up later each time
+    (each one set it to its own watch time, later than the one it replaced), so under steady traffic
+    the patrol never passed: a half-sent head beside a busy keep-alive client was never timed out."""
+    server = Server(_ok, Listen(header_timeout_s=1.0, idle_timeout_s=60.0))
+    async with trio.open_nursery() as nursery:
+        host, port = await _serving(nursery, server)
+        busy = await trio.open_tcp_stream(host, port)
+
+        async def steady() -> None:
+            while True:  # one request every 10 ms, answered before the next
+                await busy.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+                assert (await busy.receive_some(4096)).startswith(b"HTTP/1.1 200")
+                await trio.sleep(0.01)
+
+        nursery.start_soon(steady)
+        await trio.sleep(0.5)
+        slow = await trio.open_tcp_stream(host, port)
+        opened = trio.current_time()
+        await slow.send_all(b"GET / HTTP/1.1\r\n")  # a head never finished
+        with trio.move_on_after(5):
+            answer = b""
+            while chunk := await slow.receive_some(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408")
+        assert 1.0 <= trio.current_time() - opened < 1.1
+        await slow.aclose()
+        nursery.cancel_scope.cancel()
+
+
+def test_a_request_never_moves_the_patrols_wake_up_later():
+    """The unit under the test above: running() only ever brings the wake-up forward."""
+    from proxy.http import patrol as patrol_module
+
+    class Conn:
+        since, requests, evicted = 0.0, 0, False
+
+    p = patrol_module.Patrol(ctx=None)
+    p._wake_at = float("inf")
+    due = patrol_module.WATCH_AFTER_S + patrol_module.WATCH_BATCH_S
+    for i in range(200):  # a request every millisecond for 0.2 s, the patrol asleep throughout
+        p.running(Conn(), 1, i / 1000)
+        assert p._wake_at <= due
