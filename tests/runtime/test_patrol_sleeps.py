@@ -123,3 +123,42 @@ def test_a_request_never_moves_the_patrols_wake_up_later():
     for i in range(200):  # a request every millisecond for 0.2 s, the patrol asleep throughout
         p.running(Conn(), 1, i / 1000)
         assert p._wake_at <= due
+
+
+async def test_steady_traffic_does_not_keep_a_long_requests_hang_up_unseen(autojump_clock):
+    """The same postponement left a long request without its hang-up watcher: a client that left
+    went unnoticed (and its upstream exchange ran on) for as long as the other traffic lasted."""
+    cancelled_at: list[float] = []
+
+    async def handler(request, sink) -> None:
+        await request.body.read_all()
+        if request.target == b"/slow":
+            try:
+                await trio.sleep_forever()
+            finally:
+                cancelled_at.append(trio.current_time())
+        await sink.respond(200, [], b"")
+
+    server = Server(handler, Listen(idle_timeout_s=60.0))
+    async with trio.open_nursery() as nursery:
+        host, port = await _serving(nursery, server)
+        busy = await trio.open_tcp_stream(host, port)
+
+        async def steady() -> None:
+            while True:
+                await busy.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+                assert (await busy.receive_some(4096)).startswith(b"HTTP/1.1 200")
+                await trio.sleep(0.01)
+
+        nursery.start_soon(steady)
+        await trio.sleep(0.5)
+        leaving = await trio.open_tcp_stream(host, port)
+        await leaving.send_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
+        await trio.sleep(0.05)
+        await leaving.aclose()
+        left = trio.current_time()
+        with trio.move_on_after(5):
+            while not cancelled_at:
+                await trio.sleep(0.01)
+        assert cancelled_at and cancelled_at[0] - left < 0.2  # its watcher started 0.1-0.125 s after it began
+        nursery.cancel_scope.cancel()
