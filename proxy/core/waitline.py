@@ -2,7 +2,8 @@
 
 Theory of operation: one `ClassQueue` per class (proxy/core/sjf.py: SJF with
 aging or FCFS, overdue FIFO, lazy deletion), the `ClassPicker` between classes,
-and one heap of expiry times over all entries (lazy deletion too), so that
+and one heap of expiry times over all entries (lazy deletion too, rebuilt by
+`remove` once dead items outnumber twice the live ones), so that
 `pop_due(now)` finds expired tickets in O(log n) each, without scanning.
 
 Expiry time of a ticket with a deadline: deadline - expected service time (it
@@ -28,6 +29,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from proxy.core.sjf import ClassPicker, ClassQueue, Entry
+
+_COMPACT_MIN = 64  # dead expiry items tolerated before remove() rebuilds the heap (above twice the live ones)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -112,6 +115,13 @@ class Waitline:
     def remove(self, entry: Entry) -> None:
         self.queues[entry.ticket.klass].remove(entry)
         del self.entries[entry.ticket.id]
+        heap = self._expiry
+        if len(heap) > 2 * len(self.entries) + _COMPACT_MIN:
+            # Entries admitted before their expiry leave their item behind (lazy deletion), and only
+            # pop_due, when a wait expires, trims the heap: a sidecar whose waits never expire kept one
+            # item per queued request for ever. Rebuilt once the dead are most of it: amortised O(1).
+            heap[:] = [item for item in heap if item[2].alive]
+            heapq.heapify(heap)
 
     # --- expiry -----------------------------------------------------------
 
