@@ -38,7 +38,7 @@ them at its exit.
 
 While a burst goes through (from the first full batch until both lanes are empty), the
 cyclic garbage collector is paused (`gc.disable()`, only if it was on, and on again when
-the burst ends). A collector pass in the middle of a burst walks every
+the burst ends, or after GC_PAUSE_MAX_S at most). A collector pass in the middle of a burst walks every
 object of the connections still waiting for their turn, which are about to be freed by
 refcount anyway: under stalled_bodies' exit that was one gen-1 pass over ~130,000-
 190,000 objects, ~100 ms, the largest pause left. After the burst the same pass walks
@@ -71,6 +71,11 @@ BATCH = 32  # sockets woken per scheduler pass (~30 us each for an ending connec
 SORT = 256  # ready sockets taken from the room's epoll per call while sorting them into lanes
 _HANGUP = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR if hasattr(select, "epoll") else 0
 BURST_DEFER_MAX_S = 0.01  # with the loop never idle, one batch per this long: endings are slowed, never stopped
+# The longest the collector stays paused for one burst. A burst of N endings lasts N / BATCH batches (4,096:
+# ~1.3 s with the loop never idle), but sockets that keep becoming ready (thousands of idle HTTP/2 clients
+# pinging, stalled bodies trickling) can keep both lanes from emptying for as long as they last, and the
+# collector must not stay off with them.
+GC_PAUSE_MAX_S = 2.0
 _CLOSED_ERRNOS = frozenset({errno.EBADF, errno.ENOTSOCK})
 
 
@@ -87,6 +92,7 @@ class WaitRoom:
         self.endings = 0
         self._bursts = 0  # batch loops in a burst now (the wakes', the endings'): the collector waits meanwhile
         self._gc_paused = False
+        self._gc_paused_at = 0.0  # trio time the collector was paused (GC_PAUSE_MAX_S)
 
     def __repr__(self) -> str:
         return f"<WaitRoom waiting={len(self._waiting)} woken={self.woken}>"
@@ -129,6 +135,9 @@ class WaitRoom:
         """After a full batch: until the loop has nothing else to run, BURST_DEFER_MAX_S at most (module doc).
         The batch just woken runs meanwhile."""
         self.batches_deferred += 1
+        if self._gc_paused and trio.current_time() - self._gc_paused_at >= GC_PAUSE_MAX_S:
+            self._gc_paused = False  # a burst that does not end: the collector runs again (GC_PAUSE_MAX_S)
+            gc.enable()
         with trio.move_on_after(BURST_DEFER_MAX_S):
             await wait_all_tasks_blocked()
 
@@ -153,6 +162,7 @@ class WaitRoom:
         if not self._bursts and gc.isenabled():
             gc.disable()
             self._gc_paused = True
+            self._gc_paused_at = trio.current_time()
         self._bursts += 1
 
     def _burst_ends(self) -> None:

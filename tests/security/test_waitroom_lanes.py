@@ -14,6 +14,7 @@ close, then one more whose peer sends a byte; the order in which the room wakes 
 
 from __future__ import annotations
 
+import gc
 import socket
 
 import trio
@@ -54,3 +55,24 @@ async def test_bytes_to_read_go_before_a_burst_of_hang_ups():
             peer.close()
     assert sorted(order) == list(range(HUNG_UP + 1))  # every wait ended
     assert order.index(HUNG_UP) < waitroom.BATCH, f"woken {order.index(HUNG_UP) + 1}th of {HUNG_UP + 1}"
+
+
+async def test_a_burst_that_never_ends_does_not_keep_the_collector_off(autojump_clock):
+    """The collector is paused from a burst's first full batch until both lanes are empty. Sockets that keep
+    becoming ready (a thousand idle HTTP/2 clients each pinging 4 times a second under the flood budget, or
+    stalled bodies trickling a byte a second, with the loop busy) can keep the lanes from ever emptying, and
+    cyclic garbage then piled up for as long as that lasted. The pause now ends after GC_PAUSE_MAX_S."""
+    room = WaitRoom()
+    assert gc.isenabled()
+    try:
+        room._burst_begins()
+        assert not gc.isenabled()
+        await room._between_batches()  # the burst goes on: still paused
+        assert not gc.isenabled()
+        await trio.sleep(waitroom.GC_PAUSE_MAX_S)
+        await room._between_batches()  # ... past GC_PAUSE_MAX_S
+        assert gc.isenabled()
+        room._burst_ends()
+        assert gc.isenabled()
+    finally:
+        gc.enable()
