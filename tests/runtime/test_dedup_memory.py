@@ -83,3 +83,16 @@ async def test_settling_wakes_watchers_with_the_outcome():
     await store.unwatch("k", signal)
     assert store.statistics()["watched"] == 0
     assert "claims=0" in repr(store)
+
+
+async def test_a_lapsed_claim_nobody_asks_about_again_is_swept(autojump_clock):
+    """A leader whose lease lapsed (its refreshes late past the lease) can neither complete nor release
+    its claim, and the claim used to stay until a request with the same key came: with unique keys, for
+    ever. The periodic sweep now drops lapsed claims too."""
+    store = MemoryStore(10_000)
+    assert await store.claim("k", "fp", "tok", 1_000) is None
+    await trio.sleep(1.5)  # lapsed: no refresh
+    assert not await store.complete("k", "tok", "fp", stored("fp", 10), 60.0)
+    assert store.statistics()["claims"] == 1
+    assert store.sweep() == 1  # what the periodic sweep runs
+    assert store.statistics()["claims"] == 0

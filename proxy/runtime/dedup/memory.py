@@ -161,8 +161,17 @@ class MemoryStore(Swept):
         self._signals.leave(scope, signal)
 
     def sweep(self) -> int:
-        """Drop expired responses from the front of the completion order."""
+        """Drop expired responses from the front of the completion order, and lapsed claims.
+
+        A claim whose lease lapsed is otherwise dropped only by the next lookup of its key (`_live`):
+        its leader can neither complete nor release it, so with unique keys it stayed for ever. The
+        claims are the requests in flight with a key, so the scan is short."""
         now, dropped = self._clock(), 0
+        lapsed = [scope for scope, claim in self._claims.items() if claim.expires_at <= now]
+        for scope in lapsed:
+            advance(State.IN_FLIGHT, Step.LAPSE)
+            del self._claims[scope]
+        dropped += len(lapsed)
         while self._expiry:
             scope, expires_at = next(iter(self._expiry.items()))
             if expires_at > now:
