@@ -1,5 +1,5 @@
 """Scratch: vLLM closed loop of 16, direct vs through a pass-through sidecar (fixed limit 64, FCFS), alternated."""
-import json, statistics, sys, time
+import json, os, statistics, sys, time
 from pathlib import Path
 sys.path.insert(0, "/work/main")
 import httpx
@@ -35,6 +35,8 @@ with RunningServer(spec, out) as server:
     probe = statistics.median(probe_ms(spec, model) for _ in range(3))
     with sidecar([], "--log-level", "info", "--log-format", "json", policy=str(out / "policy.toml")) as proc:
         time.sleep(3)
+        if os.environ.get("NICE"):
+            os.nice(-int(os.environ["NICE"]))  # the load generator only: vLLM and the sidecar started before
         targets = {"direct": (spec.url, None), "rampmeter": (proc.url("data"), proc.popen.pid)}
         case = closed_case(spec, model, 8, 10000, 12.0)
         res = run_case(case, spec, model, targets, 10000, proc.url("admin"), probe, 3, seed=1)
