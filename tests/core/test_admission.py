@@ -605,7 +605,7 @@ def test_the_expiry_heap_stays_bounded_while_the_queue_stays_short():
     """Requests that queue briefly and are admitted long before their expiry used to leave their
     item in the waitline's expiry heap (only pop_due, run when a wait expires, trimmed it): a sidecar
     at its limit with deadlines met kept one item, ticket and cost per queued request for as long as
-    it ran (20,001 items after 20,000 requests, ~570 B each). Removed entries are now compacted out."""
+    it ran (20,001 items after 20,000 requests in the audit's run, ~570 B each). Now compacted out."""
     ctl = controller(make_policy(2))
     for _ in range(40):  # completed samples: the route is judged, so deadline tickets are not held as probes
         ctl.release(ctl.arrive(ticket(), 0.0).lease, 0.01, Outcome.SUCCESS, 10.0)

@@ -82,7 +82,7 @@ async def test_a_reload_to_a_shorter_timeout_applies_to_the_sleeping_patrol(auto
 
 async def test_steady_traffic_does_not_postpone_the_patrol(autojump_clock):
     """Requests arriving under WATCH_BATCH_S apart used to push the patrol's wake-up later each time
-    (each one set it to its own watch time, later than the one it replaced), so under steady traffic
+    (each one set it to its own pass time, later than the one it replaced), so under steady traffic
     the patrol never passed: a half-sent head beside a busy keep-alive client was never timed out."""
     server = Server(_ok, Listen(header_timeout_s=1.0, idle_timeout_s=60.0))
     async with trio.open_nursery() as nursery:
