@@ -35,6 +35,8 @@ with RunningServer(spec, out) as server:
     probe = statistics.median(probe_ms(spec, model) for _ in range(3))
     with sidecar([], "--log-level", "info", "--log-format", "json", policy=str(out / "policy.toml")) as proc:
         time.sleep(3)
+        if os.environ.get("SIDECAR_NICE"):  # the sidecar only
+            os.setpriority(os.PRIO_PROCESS, proc.popen.pid, -int(os.environ["SIDECAR_NICE"]))
         if os.environ.get("NICE"):
             os.nice(-int(os.environ["NICE"]))  # the load generator only: vLLM and the sidecar started before
         targets = {"direct": (spec.url, None), "rampmeter": (proc.url("data"), proc.popen.pid)}
