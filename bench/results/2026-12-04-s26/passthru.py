@@ -33,6 +33,8 @@ with RunningServer(spec, out) as server:
     server.install(); server.start()
     model = model_name(spec.url)
     probe = statistics.median(probe_ms(spec, model) for _ in range(3))
+    if os.environ.get("GAP_OUT"):
+        os.environ["PYTHONPATH"] = "/tmp/s26/sc3:/work/main"
     with sidecar([], "--log-level", "info", "--log-format", "json", policy=str(out / "policy.toml")) as proc:
         time.sleep(3)
         if os.environ.get("SIDECAR_NICE"):  # the sidecar only
@@ -41,7 +43,13 @@ with RunningServer(spec, out) as server:
             os.nice(-int(os.environ["NICE"]))  # the load generator only: vLLM and the sidecar started before
         targets = {"direct": (spec.url, None), "rampmeter": (proc.url("data"), proc.popen.pid)}
         case = closed_case(spec, model, 8, 10000, 12.0)
-        res = run_case(case, spec, model, targets, 10000, proc.url("admin"), probe, 3, seed=1)
+        res = {"direct": [], "rampmeter": []}
+        import signal as _s
+        for _ in range(3):
+            one = run_case(case, spec, model, targets, 10000, None if os.environ.get("NOADMIN") else proc.url("admin"), probe, 1, seed=1)
+            for k in res: res[k] += one[k]
+            if os.environ.get("GAP_OUT"):
+                os.kill(proc.popen.pid, _s.SIGUSR2); time.sleep(0.5)
         for name, rows in res.items():
             for r in rows:
                 s = r["sampled"]
