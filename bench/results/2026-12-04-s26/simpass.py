@@ -28,6 +28,15 @@ max_limit = 64
         time.sleep(2)
         case = closed_case(spec, "tiny", 8, 10000, 10.0)
         trace = lt.build_trace(case.plan, case.mix, seed=1)
+        import threading, httpx, os
+        stop = threading.Event()
+        def poll():
+            with httpx.Client(timeout=5) as c:
+                while not stop.wait(0.5):
+                    try: c.get(car.url("admin") + "/admin/stats").json()
+                    except Exception: pass
+        if os.environ.get("POLL"):
+            threading.Thread(target=poll, daemon=True).start()
         for _ in range(3):
             for name, u in (("direct", url), ("sidecar", car.url())):
                 target = lt.Target(u, name=name, timeout_s=10.0, max_in_flight=2048, check_json=False)
