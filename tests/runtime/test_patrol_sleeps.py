@@ -80,6 +80,15 @@ async def test_a_reload_to_a_shorter_timeout_applies_to_the_sleeping_patrol(auto
         nursery.cancel_scope.cancel()
 
 
+async def _steady_client(host: str, port: int) -> None:
+    """A keep-alive client sending one request every 10 ms, each answered before the next."""
+    busy = await trio.open_tcp_stream(host, port)
+    while True:
+        await busy.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert (await busy.receive_some(4096)).startswith(b"HTTP/1.1 200")
+        await trio.sleep(0.01)
+
+
 async def test_steady_traffic_does_not_postpone_the_patrol(autojump_clock):
     """Requests arriving under WATCH_BATCH_S apart used to push the patrol's wake-up later each time
     (each one set it to its own pass time, later than the one it replaced), so under steady traffic
@@ -87,15 +96,7 @@ async def test_steady_traffic_does_not_postpone_the_patrol(autojump_clock):
     server = Server(_ok, Listen(header_timeout_s=1.0, idle_timeout_s=60.0))
     async with trio.open_nursery() as nursery:
         host, port = await _serving(nursery, server)
-        busy = await trio.open_tcp_stream(host, port)
-
-        async def steady() -> None:
-            while True:  # one request every 10 ms, answered before the next
-                await busy.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-                assert (await busy.receive_some(4096)).startswith(b"HTTP/1.1 200")
-                await trio.sleep(0.01)
-
-        nursery.start_soon(steady)
+        nursery.start_soon(_steady_client, host, port)
         await trio.sleep(0.5)
         slow = await trio.open_tcp_stream(host, port)
         opened = trio.current_time()
@@ -146,15 +147,7 @@ async def test_steady_traffic_does_not_keep_a_long_requests_hang_up_unseen(autoj
     server = Server(handler, Listen(idle_timeout_s=60.0))
     async with trio.open_nursery() as nursery:
         host, port = await _serving(nursery, server)
-        busy = await trio.open_tcp_stream(host, port)
-
-        async def steady() -> None:
-            while True:
-                await busy.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-                assert (await busy.receive_some(4096)).startswith(b"HTTP/1.1 200")
-                await trio.sleep(0.01)
-
-        nursery.start_soon(steady)
+        nursery.start_soon(_steady_client, host, port)
         await trio.sleep(0.5)
         leaving = await trio.open_tcp_stream(host, port)
         await leaving.send_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")

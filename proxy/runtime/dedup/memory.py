@@ -169,8 +169,7 @@ class MemoryStore(Swept):
         now, dropped = self._clock(), 0
         lapsed = [scope for scope, claim in self._claims.items() if claim.expires_at <= now]
         for scope in lapsed:
-            advance(State.IN_FLIGHT, Step.LAPSE)
-            del self._claims[scope]
+            self._lapse(scope)
         dropped += len(lapsed)
         while self._expiry:
             scope, expires_at = next(iter(self._expiry.items()))
@@ -185,8 +184,7 @@ class MemoryStore(Swept):
         if claim is not None:
             if claim.expires_at > now:
                 return claim.record
-            advance(State.IN_FLIGHT, Step.LAPSE)  # its replica stopped refreshing: free the key
-            del self._claims[scope]
+            self._lapse(scope)  # its replica stopped refreshing: free the key
         done = self._done.get(scope)
         if done is None:
             return None
@@ -195,6 +193,10 @@ class MemoryStore(Swept):
             return None
         self._done.move_to_end(scope)
         return done.record
+
+    def _lapse(self, scope: str) -> None:
+        advance(State.IN_FLIGHT, Step.LAPSE)
+        del self._claims[scope]
 
     def _owned(self, scope: str, token: str) -> _Claim | None:
         claim = self._claims.get(scope)
