@@ -113,6 +113,7 @@ def bench_server(
             "habits": spec.habits,
             "install_s": install_s,
             "start_s": start_s,
+            "server_cpu_priority": server.cpu_priority,
             "calibrate": {
                 "duration_s": cal.duration_s,
                 "limit": cal.limit,
@@ -267,7 +268,7 @@ def markdown(runs: dict, quick: bool) -> str:
         c = r["calibrate"]
         lines += [
             f"## {name}: {r['server']}",
-            f"{r['habits']}. Calibrated in {c['duration_s']:.0f} s: limit {c['limit']} (knee {c['knee']} at "
+            f"{r['habits']}. CPU priority: {r.get('server_cpu_priority') or 'as started'}. Calibrated in {c['duration_s']:.0f} s: limit {c['limit']} (knee {c['knee']} at "
             f"{c['knee_rps']:.1f}/s), {c['health']}, stops_on_cancel {c['stops_on_cancel']}, "
             f"default budget {c['budget_ms']} ms{' (fixed by hand, --budget-ms)' if c.get('budget_by_hand') else ''}; capacity (direct, closed loop) {r.get('capacity_rps', 0):.1f}/s; "
             f"open-loop capacity (direct answers/s while offered 2x) {r.get('open_capacity_rps') or 0:.1f}/s.",

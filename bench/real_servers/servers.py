@@ -10,6 +10,16 @@ group. `backend_busy_after_s` measures how long the server kept working after
 the load stopped: vLLM from its own gauges (running + waiting requests reach 0),
 the others by one short probe sent at once, whose latency beyond its time alone
 is the work queued ahead of it.
+
+The server runs at the lowest CPU priority (`yield_cpu`), so the load generator and the sidecar get
+the cores when they need them and the server every cycle they leave. Without it, on this 2-core
+machine, vLLM's CPU backend (its worker and engine core poll while they wait: ~1.75 of the 2 cores
+with one request in flight) starved both: the kernel's autogroup scheduling shares CPU between
+sessions first (each recipe starts its server in its own, `setsid`), and the load generator and the
+sidecar, runnable, waited ~100 ms of every 100 (/proc/PID/schedstat), so a closed loop of 16 ran one
+request at a time for seconds, through the sidecar and direct alike (a bistable state: 2026-12-04-s27).
+`nice` on the processes does nothing across autogroups (stop 26 tried -10); the autogroup's own nice
+does. A pod computes on its GPU and gives the sidecar container its own CPU share: this is that.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from proxy.loadtest.shapes import Shape, chat_body
 
 RECIPES = Path(os.environ.get("RAMPMETER_SERVERS_RECIPES", "/work/shared/servers"))
 SERVERS_DIR = Path(os.environ.get("SERVERS_DIR", Path.home() / ".cache" / "rampmeter-servers"))
+SERVER_NICE = 19  # yield_cpu: the server's CPU priority (module doc)
 TRITON_BODY = '{"inputs": [{"name": "INPUT", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]}'
 
 
@@ -93,6 +104,28 @@ SERVERS: dict[str, ServerSpec] = {
 }
 
 
+def yield_cpu(pid: int, nice: int = SERVER_NICE) -> str:
+    """The server started as `pid` (its session's leader) at CPU priority `nice` (module doc); says what was set.
+
+    Its autogroup's nice where the kernel groups by session and the server has a session of its own (never
+    ours: that would slow the load generator too); each process of its group otherwise (started by then:
+    the recipes wait until the server answers, so its workers exist).
+    """
+    group = Path(f"/proc/{pid}/autogroup")
+    try:
+        theirs, ours = group.read_text().split()[0], Path("/proc/self/autogroup").read_text().split()[0]
+    except (OSError, IndexError):
+        theirs = ours = ""
+    if theirs and theirs != ours:
+        group.write_text(str(nice))
+        return f"autogroup {theirs} at nice {nice}"
+    try:
+        os.setpriority(os.PRIO_PGRP, pid, nice)
+    except OSError as exc:
+        return f"left at its priority ({exc})"
+    return f"process group {pid} at nice {nice}"
+
+
 class ServerFailed(RuntimeError):
     """A server could not be installed or started; the benchmark cannot measure it."""
 
@@ -101,6 +134,7 @@ class RunningServer:
     def __init__(self, spec: ServerSpec, log_dir: Path) -> None:
         self.spec, self.log_dir = spec, log_dir
         self.pid: int | None = None
+        self.cpu_priority = ""  # what yield_cpu did, for the report
 
     def install(self) -> float:
         """Run the setup script unless the venv is there; seconds it took (0: already installed)."""
@@ -114,6 +148,7 @@ class RunningServer:
         t0 = time.monotonic()
         self._script("start", self.spec.start_timeout_s)
         self.pid = int((SERVERS_DIR / f"{self.spec.name}.pid").read_text().strip())
+        self.cpu_priority = yield_cpu(self.pid)
         return time.monotonic() - t0
 
     def stop(self) -> None:
