@@ -10,9 +10,16 @@ import trio
 import trio.testing
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
+from msgspec.structs import replace
 
 from proxy.http.exchange import ServerContext
-from proxy.http.h2server import MAX_STREAM_ID, STREAM_WINDOW, H2ServerConnection, drain_idle_wait_s
+from proxy.http.h2server import (
+    IDLE_WORKERS_AT_REST,
+    MAX_STREAM_ID,
+    STREAM_WINDOW,
+    H2ServerConnection,
+    drain_idle_wait_s,
+)
 from proxy.metrics import Metrics
 from proxy.policy.schema import Listen
 from proxy.testing.handlers import Gate, H2Peer, Router, blob, echo, hello, pattern
@@ -309,6 +316,28 @@ async def test_many_requests_on_one_connection_keep_h2s_stream_map_bounded(autoj
         await trio.testing.wait_all_tasks_blocked()
         assert len(conn.h2.streams) <= 2 * len(conn.streams) + 33
         assert len(conn._idle_workers) == 1  # one worker served them all, one after the other
+
+
+async def test_a_burst_of_streams_leaves_nothing_behind_once_the_connection_rests(autojump_clock):
+    """h2server._at_rest: a client that sent streams at once and then holds the connection idle keeps
+    neither h2's closed streams nor a pool of idle workers (bench.attacks' bad_targets: ~145 such
+    connections held 50,000-230,000 objects for the collector to walk)."""
+    gate = Gate()
+    async with connection(gate, replace(LIMITS, max_concurrent_streams=32)) as (peer, _, conn, _):
+        sids = [await peer.request(b"/", method=b"GET") for _ in range(24)]
+        await peer.until(lambda: len(gate.requests) == 24)  # 24 workers, one stream each
+        gate.release.set()
+        await peer.until(lambda: all(peer.streams[sid].ended for sid in sids))
+        await trio.testing.wait_all_tasks_blocked()
+        assert not conn.streams
+        assert len(conn.h2.streams) == 0  # pruned at rest (h2 alone would keep all 24)
+        assert len(conn._idle_workers) == IDLE_WORKERS_AT_REST
+        tasks = len(trio.lowlevel.current_task().parent_nursery.child_tasks)
+        again = await peer.request(b"/", method=b"GET")  # the worker kept serves the next stream
+        await peer.until(lambda: peer.streams[again].ended)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(trio.lowlevel.current_task().parent_nursery.child_tasks) == tasks
+        assert len(conn._idle_workers) == IDLE_WORKERS_AT_REST
 
 
 async def test_request_trailers_and_a_second_head_take_h2s_own_path(autojump_clock):
