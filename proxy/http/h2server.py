@@ -91,6 +91,7 @@ Where we step around h2, and why:
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 
 import h2.config
@@ -114,7 +115,8 @@ from proxy.http.h2stream import H2Sink, H2Stream, build_request
 RECEIVE_SIZE = 65_536
 STREAM_WINDOW = 262_144  # per-stream receive window: the most one stream's body buffer holds
 IDLE_WORKERS = 16  # stream tasks a connection keeps waiting for its next streams (_Worker)
-IDLE_WORKERS_AT_REST = 1  # ... once no stream is in flight (H2ServerConnection._at_rest)
+IDLE_WORKERS_AT_REST = 1  # ... once it has had no stream in flight for REST_RELEASE_S (H2ServerConnection._at_rest)
+REST_RELEASE_S = 0.5  # a connection idle this long lets go of what its last burst of streams left behind
 FRAMES_PER_TURN = 64  # frames handled before the reader lets the other tasks run (when more are buffered)
 TURN_BUDGET_S = 0.0002  # ... or CPU time: the frame that passes it ends the turn (module doc, fairness)
 OUT_HIGH = 262_144  # bytes queued for the socket past which the reader stops reading
@@ -339,8 +341,8 @@ class _Worker:
     worker runs that stream only (`H2Stream.run` drops the reference when it ends); the
     Cancelled ends that stream and the worker carries on in a fresh scope. Idle workers wait
     for the reader's `take()`, at most IDLE_WORKERS of them per connection (the rest end), and
-    IDLE_WORKERS_AT_REST once the connection has no stream in flight (`retire`); all end with
-    the connection's nursery.
+    IDLE_WORKERS_AT_REST once the connection has had no stream in flight for REST_RELEASE_S
+    (`retire`); all end with the connection's nursery.
     """
 
     __slots__ = ("_conn", "_lot", "_next", "_retired")
@@ -368,8 +370,8 @@ class _Worker:
                 while True:
                     stream = self._next
                     if stream is None:
-                        if len(idle) >= (IDLE_WORKERS if self._conn.streams else IDLE_WORKERS_AT_REST):
-                            return  # enough wait already; at rest (no stream in flight) one is enough
+                        if len(idle) >= IDLE_WORKERS:
+                            return
                         idle.append(self)
                         try:
                             await self._lot.park()
@@ -431,6 +433,8 @@ class H2ServerConnection:
         self.h2.owned = self.streams
         self._opened: list[H2Stream] = []  # accepted in the read being handled, not yet started
         self._idle_workers: list[_Worker] = []  # stream tasks waiting for their next stream
+        self._read_scope: trio.CancelScope | None = None  # the reader's, whose deadline _read checks at
+        self._release_at = math.inf  # when, if still idle, the last burst's leftovers go (_at_rest)
         self.requests = 0
         self._stream = stream
         self._io = sockio.wrap(stream)
@@ -538,16 +542,21 @@ class H2ServerConnection:
         check_at = self._deadline
         data = initial
         while True:
-            with trio.move_on_at(check_at):
+            with trio.move_on_at(check_at) as self._read_scope:
                 return await self._process(data)
             data = b""
             now = trio.current_time()
+            if now >= self._release_at:
+                self._release_at = math.inf
+                if not self.streams:
+                    self._at_rest()
             if self.streams:
                 check_at = now + step
             elif now >= self._deadline:
                 return False
             else:
                 check_at = min(self._deadline, now + step)
+            check_at = min(check_at, self._release_at)  # a release pushed back by a later rest (_release_later)
 
     async def _process(self, data: bytes) -> bool:
         inbound = self._inbound
@@ -764,18 +773,33 @@ class H2ServerConnection:
             elif self._draining:
                 self._final_goaway()  # idle while draining: one GOAWAY loses nothing
             else:
-                self._deadline = trio.current_time() + self.ctx.limits.idle_timeout_s
-                self._at_rest()
+                now = trio.current_time()
+                self._deadline = now + self.ctx.limits.idle_timeout_s
+                if len(self._idle_workers) > IDLE_WORKERS_AT_REST or len(self.h2.streams) > 1:
+                    self._release_later(now)
+
+    def _release_later(self, now: float) -> None:
+        """Let go of the last burst's leftovers (`_at_rest`) if the connection is still idle REST_RELEASE_S
+        from now: the reader's scope fires then (one wake-up; moving its deadline ~3.5 us, once per burst)."""
+        scope = self._read_scope
+        if scope is None:
+            return
+        self._release_at = at = now + REST_RELEASE_S
+        if at < scope.deadline:
+            scope.deadline = at
 
     def _at_rest(self) -> None:
-        """No stream in flight: let go of what the last burst of streams left behind. h2 keeps closed
+        """Idle for REST_RELEASE_S: let go of what the last burst of streams left behind. h2 keeps closed
         streams until a later new stream makes it count (its H2Stream, state machine and window manager
         each), and up to IDLE_WORKERS idle workers wait on (a task and its coroutines each). A client
         that sends a burst and then holds the connection idle kept both: under bench.attacks'
         bad_targets (24 streams a connection, ~145 connections held a few seconds each) the young
         generations held 50,000-230,000 such objects, and each collector pass walked them: young passes
-        of 40-120 ms and gen-1 passes of up to 167 ms, the attack's p99. A client with one stream at a
-        time has one idle worker and one closed stream here: nothing to do."""
+        of 40-120 ms and gen-1 passes of up to 167 ms, the attack's p99. Not at once when the last stream
+        ends: a busy client's connection has none in flight between its bursts for a moment (h2load -m10
+        at its maximum rate), and retiring the workers then only to spawn them again for the next burst
+        cost ~20 us of CPU per request (bench.overhead --quick h2c, three pairs). A client with one
+        stream at a time has one idle worker and one closed stream: nothing to release, no wake-up."""
         if len(self.h2.streams) > 1:
             self.h2.prune()
         idle = self._idle_workers

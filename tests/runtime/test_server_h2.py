@@ -16,6 +16,7 @@ from proxy.http.exchange import ServerContext
 from proxy.http.h2server import (
     IDLE_WORKERS_AT_REST,
     MAX_STREAM_ID,
+    REST_RELEASE_S,
     STREAM_WINDOW,
     H2ServerConnection,
     drain_idle_wait_s,
@@ -320,23 +321,36 @@ async def test_many_requests_on_one_connection_keep_h2s_stream_map_bounded(autoj
 
 async def test_a_burst_of_streams_leaves_nothing_behind_once_the_connection_rests(autojump_clock):
     """h2server._at_rest: a client that sent streams at once and then holds the connection idle keeps
-    neither h2's closed streams nor a pool of idle workers (bench.attacks' bad_targets: ~145 such
-    connections held 50,000-230,000 objects for the collector to walk)."""
+    neither h2's closed streams nor a pool of idle workers past REST_RELEASE_S (bench.attacks'
+    bad_targets: ~145 such connections held 50,000-230,000 objects for the collector to walk); a
+    burst that follows at once finds its workers still there (no task spawned)."""
     gate = Gate()
     async with connection(gate, replace(LIMITS, max_concurrent_streams=32)) as (peer, _, conn, _):
-        sids = [await peer.request(b"/", method=b"GET") for _ in range(24)]
-        await peer.until(lambda: len(gate.requests) == 24)  # 24 workers, one stream each
-        gate.release.set()
-        await peer.until(lambda: all(peer.streams[sid].ended for sid in sids))
+        nursery = trio.lowlevel.current_task().parent_nursery
+        assert nursery is not None
+
+        async def burst() -> None:
+            gate.requests.clear()
+            gate.release = trio.Event()
+            sids = [await peer.request(b"/", method=b"GET") for _ in range(24)]
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(gate.requests) == 24  # 24 workers, one stream each
+            gate.release.set()
+            await peer.until(lambda: all(peer.streams[sid].ended for sid in sids))
+            await trio.testing.wait_all_tasks_blocked()
+
+        await burst()
+        assert not conn.streams and len(conn._idle_workers) == 16  # IDLE_WORKERS: the rest ended
+        tasks = len(nursery.child_tasks)
+        await burst()  # at once: the idle workers take it, 8 more are spawned and end again
+        assert len(nursery.child_tasks) == tasks and len(conn._idle_workers) == 16
+        await trio.sleep(REST_RELEASE_S)
         await trio.testing.wait_all_tasks_blocked()
-        assert not conn.streams
-        assert len(conn.h2.streams) == 0  # pruned at rest (h2 alone would keep all 24)
+        assert len(conn.h2.streams) == 0  # pruned at rest (h2 alone would keep them)
         assert len(conn._idle_workers) == IDLE_WORKERS_AT_REST
-        tasks = len(trio.lowlevel.current_task().parent_nursery.child_tasks)
         again = await peer.request(b"/", method=b"GET")  # the worker kept serves the next stream
         await peer.until(lambda: peer.streams[again].ended)
         await trio.testing.wait_all_tasks_blocked()
-        assert len(trio.lowlevel.current_task().parent_nursery.child_tasks) == tasks
         assert len(conn._idle_workers) == IDLE_WORKERS_AT_REST
 
 
