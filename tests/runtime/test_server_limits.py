@@ -142,7 +142,12 @@ async def test_while_established_work_keeps_the_loop_busy_newcomers_are_accepted
     assert ticks > 10 * backlog
 
 
-async def test_an_idle_loop_accepts_a_backlog_at_once():
-    """With nothing else to run the wait for idleness is one poll: no accept waits for the floor."""
-    server, _, _ = await _accept_backlog(40, busy=False)
+async def test_an_idle_loop_accepts_a_backlog_at_once(monkeypatch: pytest.MonkeyPatch):
+    """With nothing else to run the wait for idleness is one poll: no accept waits for the floor.
+
+    The floor is raised to 5 s here: at 10 ms, a busy CI machine that preempts the process for 10 ms
+    between two accepts counted one forced accept (CI of stop 27) though the loop was idle."""
+    monkeypatch.setattr(server_module, "ACCEPT_DEFER_MAX_S", 5.0)
+    server, took, _ = await _accept_backlog(40, busy=False)
     assert server.accepts_forced == 0
+    assert took < 5.0, took
