@@ -14,6 +14,11 @@ figures for and nothing else (every other key keeps its documented default):
 - `[scheduling]`, `[classes.*]`: SJF, and class budgets in turns (`fit.budgets`)
   of the slowest request measured, under load where it was (`fit.turn`), or of a
   quarter of the default class's budget where it is fixed by hand (`budget_ms`);
+  each class's max_queue_length is what the server answers within that budget at
+  the knee (`queue_length`), so the cap sheds no queue the backend would drain in
+  time (the schema's defaults, 64 / 256 / 1,024, are counts: at 2x offered, vLLM
+  on CPU answered a queue of ~250 within a 10 s budget while the sidecar turned
+  15-20 % away as class_queue_full, 2026-12-04-s27);
 - `[[routes]]`: one per route found, its priors fitted from the medians alone,
   chars_per_token and output_fill_ratio from the server's usage where reported,
   and a catch-all;
@@ -46,10 +51,13 @@ from proxy.calibrate.fit import (
     round_up,
 )
 from proxy.calibrate.measure import CANCEL_AT, Calibration, RouteCalibration
-from proxy.policy.admission import Limits
+from proxy.policy.admission import ClassPolicy, Limits, default_classes
 from proxy.policy.load import parse_policy
 from proxy.policy.schema import Policy, Upstream
 
+# A class's max_queue_length is never written above this: the default max_connections, past which only
+# HTTP/2 streams could queue, each holding its request in memory (docs/security.md).
+QUEUE_LENGTH_CAP = 4096
 ON_UNMEETABLE = {"realtime": "reject", "interactive": "reject", "batch": "try"}
 PRIORITY = {"realtime": 0, "interactive": 1, "batch": 2}
 
@@ -166,8 +174,19 @@ def _scheduling(add, cal: Calibration, turn: float, budget: dict[str, int], how:
         add(f"max_timeout_ms = {min(86_400_000, 10 * budget[name])}")
         add("# ms: half the default budget, then a request goes to the front whatever its size.")
         add(f"max_queue_wait_ms = {max(1, budget[name] // 2)}")
+        rps, length = cal.knee.throughput_rps, queue_length(cal, budget[name], name)
+        add(f"# requests: what the server answers in the default budget at the knee ({rps:,.1f}/s), within")
+        add(f"# [the schema's default, {QUEUE_LENGTH_CAP:,}]; the shedding rules judge the queue's wait below it.")
+        add(f"max_queue_length = {length}")
         add(f'on_unmeetable = "{ON_UNMEETABLE[name]}"')
         add("")
+
+
+def queue_length(cal: Calibration, budget_ms: int, name: str) -> int:
+    """A class's max_queue_length: the answers the server gives in `budget_ms` at the knee (module doc)."""
+    default = default_classes().get(name, ClassPolicy()).max_queue_length
+    drained = math.ceil(cal.knee.throughput_rps * budget_ms / 1000.0)
+    return min(QUEUE_LENGTH_CAP, max(default, drained))
 
 
 def _route(add, route: RouteCalibration) -> None:

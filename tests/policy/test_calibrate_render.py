@@ -174,3 +174,21 @@ def test_a_budget_fixed_by_hand_sets_the_default_class_and_what_follows_it():
     assert policy.classes["interactive"].max_timeout_ms == 123_450
     assert policy.shedding.codel_interval_ms == 12_345
     assert "default budget fixed by hand at 12345 ms (--budget-ms)" in text
+
+
+def test_each_class_may_queue_what_the_server_answers_within_its_budget():
+    """A queue the backend drains in time is never cut by the class cap (2x on vLLM: ~250 answered in 10 s)."""
+    cal = calibration(knee_at=3)  # 47.8/s at the knee
+    policy = render.check_policy(render.policy_toml(cal, command="c", when=WHEN, budget_ms=10_000))
+    for name, klass in policy.classes.items():
+        drained = 47.8 * klass.default_timeout_ms / 1000
+        assert klass.max_queue_length >= min(render.QUEUE_LENGTH_CAP, drained), name
+        assert klass.max_queue_length <= render.QUEUE_LENGTH_CAP
+    assert policy.classes["interactive"].max_queue_length == 478  # 47.8/s x 10 s
+    slow = calibration(knee_at=0)  # 13.6/s: 136 in 10 s, below the schema's 256
+    assert (
+        render.check_policy(render.policy_toml(slow, command="c", when=WHEN, budget_ms=10_000))
+        .classes["interactive"]
+        .max_queue_length
+        == 256
+    )
