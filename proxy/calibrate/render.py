@@ -18,13 +18,16 @@ figures for and nothing else (every other key keeps its documented default):
   the knee (`queue_length`), so the cap sheds no queue the backend would drain in
   time (the schema's defaults, 64 / 256 / 1,024, are counts: at 2x offered, vLLM
   on CPU answered a queue of ~250 within a 10 s budget while the sidecar turned
-  15-20 % away as class_queue_full, 2026-12-04-s27);
+  15-20 % away as class_queue_full, 2026-12-04-s27), and its max_queue_wait_ms
+  the budget itself: the bound in the server's terms (scheduling.fcfs_wait_multiple)
+  acts first, where half a budget made SJF FCFS under any standing queue (s28);
 - `[[routes]]`: one per route found, its priors fitted from the medians alone,
   chars_per_token and output_fill_ratio from the server's usage where reported,
   and a catch-all;
 - `[shedding]`: CoDel's target at what a default-class request can wait and
   still meet its budget, its interval at the budget, so a queue the backend
-  drains within deadlines is not shed.
+  drains within deadlines is not shed; max_queued_requests at the memory bound
+  (`QUEUE_LENGTH_CAP`), above the classes' own caps.
 
 Keys a newer or older rampmeter lacks (`stops_on_cancel`, `engine_queue`) are
 written only when this rampmeter's schema accepts them, else as a comment saying
@@ -172,8 +175,10 @@ def _scheduling(add, cal: Calibration, turn: float, budget: dict[str, int], how:
         add(f"default_timeout_ms = {min(86_400_000, budget[name])}")
         add("# ms: ten default budgets.")
         add(f"max_timeout_ms = {min(86_400_000, 10 * budget[name])}")
-        add("# ms: half the default budget, then a request goes to the front whatever its size.")
-        add(f"max_queue_wait_ms = {max(1, budget[name] // 2)}")
+        add("# ms: the default budget (a request that waited it is late anyway). The starvation bound that")
+        add("# acts first is scheduling.fcfs_wait_multiple, in the server's own terms: half a budget here made")
+        add("# SJF plain FCFS whenever a queue stood longer than that.")
+        add(f"max_queue_wait_ms = {max(1, budget[name])}")
         rps, length = cal.knee.throughput_rps, queue_length(cal, budget[name], name)
         add(f"# requests: what the server answers in the default budget at the knee ({rps:,.1f}/s), within")
         add(f"# [the schema's default, {QUEUE_LENGTH_CAP:,}]; the shedding rules judge the queue's wait below it.")
@@ -292,6 +297,9 @@ def _shedding(add, cal: Calibration, turn: float, budget: dict[str, int]) -> Non
     add(f"codel_target_ms = {int(target)}")
     add("# ms: one default budget.")
     add(f"codel_interval_ms = {interactive}")
+    add("# requests: the memory bound over all classes (the default connection limit); the classes'")
+    add("# max_queue_length and the deadline rule, in the server's own time, shed before it.")
+    add(f"max_queued_requests = {QUEUE_LENGTH_CAP}")
     add(f"# ms: the p50 at the knee ({k.p50_ms:,.0f} ms): no client is told to come back sooner than that.")
     add(f"retry_after_min_ms = {min(30_000, max(1, round_up(k.p50_ms)))}")
     add("")
