@@ -57,7 +57,15 @@ from proxy.loadtest.records import StepRun
 # A sidecar that is the engine's only client is never cut so; the window starts once it recovered.
 WARMUP_SHARE = 0.3
 SAMPLE_S = 0.5  # vLLM gauges; the sidecar's /admin/stats every other reading (it costs the sidecar CPU)
-SHED_REASONS = {"overloaded", "queue_full", "class_queue_full", "queue_timeout", "deadline_unmeetable", "gpu_pressure", "tenant_quota"}
+SHED_REASONS = {
+    "overloaded",
+    "queue_full",
+    "class_queue_full",
+    "queue_timeout",
+    "deadline_unmeetable",
+    "gpu_pressure",
+    "tenant_quota",
+}
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ alone):
 - the expected work in flight (`inflight_expected_ms`: each lease's expected
   service time, plus what phantoms still cost);
 - per class, the expected work arriving per second (decayed rates), which the
-  strict-priority overtaking factor reads;
+  strict-priority overtaking factor reads, and the same by log2 size bucket, which
+  the SJF stretch reads (shorter work of the arrival's own class served first);
 - arrivals to and departures from the queue, and completions (decayed rates):
   queue growth and drain rate for the saturation rule;
 - the service times of completed requests, all routes (a windowed quantile): the
@@ -25,8 +26,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from proxy.core.quantiles import WindowedQuantiles
-from proxy.core.rates import DecayedRate
+from proxy.core.rates import BucketedRate, DecayedRate
 from proxy.core.shedding import LoadSnapshot
+from proxy.core.sjf import SIZE_BUCKETS, size_bucket
 
 if TYPE_CHECKING:
     from proxy.core.capacity import Capacity
@@ -35,7 +37,8 @@ if TYPE_CHECKING:
     from proxy.core.waitline import Waitline
     from proxy.policy.schema import Policy
 
-MAX_RHO = 0.95  # the largest share of capacity higher classes are taken to need (a 20x stretch)
+MAX_RHO = 0.95  # the largest share of capacity overtaking work is taken to need (a 20x stretch)
+_INF = float("inf")
 
 
 class LoadEstimator:
@@ -43,10 +46,12 @@ class LoadEstimator:
         "_arrivals",
         "_class_mode",
         "_drain",
+        "_fcfs_multiple",
         "_leaves",
         "_unit_requests",
         "_window_s",
         "_work_in",
+        "_work_in_sizes",
         "capacity",
         "inflight_expected_ms",
         "service_times",
@@ -66,10 +71,12 @@ class LoadEstimator:
         sched = policy.scheduling
         self._unit_requests = policy.limits.unit == "requests"
         self._class_mode = sched.class_mode
+        self._fcfs_multiple = sched.fcfs_wait_multiple
         if sched.drain_window_s != self._window_s:
             self._window_s = sched.drain_window_s
             self._drain, self._arrivals, self._leaves = (DecayedRate(self._window_s) for _ in range(3))
             self._work_in: dict[str, DecayedRate] = {}  # per class: expected ms of work arriving per second
+            self._work_in_sizes: dict[str, BucketedRate] = {}  # the same by size_bucket(expected_ms)
 
     # --- what the controller reports --------------------------------------
 
@@ -86,7 +93,10 @@ class LoadEstimator:
         rate = self._work_in.get(ticket.klass)
         if rate is None:
             rate = self._work_in[ticket.klass] = DecayedRate(self._window_s)
+            self._work_in_sizes[ticket.klass] = BucketedRate(self._window_s, SIZE_BUCKETS)
         rate.add(now, ticket.expected_ms)
+        if ticket.expected_ms < _INF:
+            self._work_in_sizes[ticket.klass].add(now, size_bucket(ticket.expected_ms), ticket.expected_ms)
 
     def released(self, now: float) -> None:
         """A lease ended (the drain rate)."""
@@ -109,7 +119,11 @@ class LoadEstimator:
 
         0 when it would be placed at once; else the waiting work served before it
         (Waitline.work_ahead_ms) plus half the expected work in flight (the mean
-        residual), over the requests in flight (the parallelism that drains it).
+        residual), over the parallelism that drains it (`_parallel`), stretched
+        by the work that will arrive and go first: higher classes' (`overtaking_factor`) and,
+        in an SJF class, shorter work of its own (`sjf_stretch`). The latter never takes the
+        estimate past the starvation bound's promise, scheduling.fcfs_wait_multiple x the
+        FCFS wait (proxy/core/sjf.py): a request overtaken that long goes to the front.
         """
         line, cap = self.waitline, self.capacity
         nobody_waits = not len(line) or (exclude is not None and len(line) == 1)
@@ -118,8 +132,14 @@ class LoadEstimator:
                 if cap.fits(i, klass, 1) is not None:
                     return 0.0
         ahead = line.work_ahead_ms(klass, expected_ms, exclude)
-        wait = (ahead + self.inflight_expected_ms / 2.0) / max(1, sum(cap.requests))
-        return wait * self.overtaking_factor(klass, now)
+        wait = (ahead + self.inflight_expected_ms / 2.0) / self._parallel()
+        wait *= self.overtaking_factor(klass, now)
+        stretch = self.sjf_stretch(klass, now, expected_ms)
+        if stretch == 1.0:
+            return wait
+        if self._fcfs_multiple <= 0:
+            return wait * stretch
+        return max(wait, min(wait * stretch, self._fcfs_multiple * self.fcfs_wait_ms(now)))
 
     def fcfs_wait_ms(self, now: float) -> float:
         """The wait FCFS would give an arrival now: all waiting work, plus half the work in flight
@@ -127,17 +147,21 @@ class LoadEstimator:
         counts requests: what drains a standing queue). On a serial server this is the work in
         the system, which no work-conserving order changes. It sets the arrival's due time
         (the starvation bound, proxy/core/sjf.py)."""
+        return (self.waitline.backlog_ms() + self.inflight_expected_ms / 2.0) / self._parallel()
+
+    def _parallel(self) -> int:
+        """What drains a standing queue: the requests in flight, or the limit when it counts requests
+        (fewer are in flight while a route's first requests are held, core/admission.py)."""
         cap = self.capacity
         parallel = sum(cap.requests)
         if self._unit_requests:
             parallel = max(parallel, sum(cap.limit(i) for i in range(len(cap))))
-        return (self.waitline.backlog_ms() + self.inflight_expected_ms / 2.0) / max(1, parallel)
+        return max(1, parallel)
 
     def overtaking_factor(self, klass: str, now: float) -> float:
         """1 / (1 - rho): under strict class priority, work arriving in higher classes while
         a request waits is served before it (the M/G/1 priority-queue stretch), with rho the
-        share of the parallelism that work needs (requests in flight, as in the wait itself,
-        so it reads the same whether the limit counts requests or tokens). Without it a batch request queued behind
+        share of the parallelism that work needs (`_parallel`, as in the wait itself). Without it a batch request queued behind
         interactive traffic at capacity was promised a wait it never got: it waited out its
         deadline (bench/overload at 2x: 82 batch 504s after ~9 s) instead of hearing 503 at
         arrival. rho is capped at MAX_RHO (a finite estimate for Retry-After)."""
@@ -150,7 +174,24 @@ class LoadEstimator:
         )
         if not work_ms_per_s:
             return 1.0
-        rho = min(MAX_RHO, work_ms_per_s / 1000.0 / max(1, sum(self.capacity.requests)))
+        rho = min(MAX_RHO, work_ms_per_s / 1000.0 / self._parallel())
+        return 1.0 / (1.0 - rho)
+
+    def sjf_stretch(self, klass: str, now: float, expected_ms: float) -> float:
+        """1 / (1 - rho) for the shorter work of its own SJF class that arrives while a request of
+        `expected_ms` waits and is served first (smaller size buckets; inf, "behind everything",
+        is Retry-After's wait of the queue as it stands: 1). rho as in `overtaking_factor`.
+
+        Without it a long request was promised a wait behind the queue as it stood, and a stream
+        of short ones went ahead of it until it expired there (the sim pod standing in for vLLM
+        at 3x offered: ~80 504s a run after up to 10 s queued, instead of a 503 at arrival)."""
+        sizes = self._work_in_sizes.get(klass)
+        if sizes is None or expected_ms == _INF or self.waitline.queues[klass].order != "sjf":
+            return 1.0
+        work_ms_per_s = sizes.rate_below(now, size_bucket(expected_ms))
+        if not work_ms_per_s:
+            return 1.0
+        rho = min(MAX_RHO, work_ms_per_s / 1000.0 / self._parallel())
         return 1.0 / (1.0 - rho)
 
     def quiet(self) -> bool:

@@ -66,12 +66,13 @@ class Entry:
         return f"<Entry {self.ticket.id} {self.ticket.klass} key={self.key:.1f} alive={self.alive}>"
 
 
-_BUCKETS = 48
+SIZE_BUCKETS = 48
 
 
-def _bucket(expected_ms: float) -> int:
-    if expected_ms >= 2.0 ** (_BUCKETS - 1):  # also inf: 'behind everything'
-        return _BUCKETS - 1
+def size_bucket(expected_ms: float) -> int:
+    """log2 bucket of an expected service time: work_ahead_ms's and the overtaking rate's grain."""
+    if expected_ms >= 2.0 ** (SIZE_BUCKETS - 1):  # also inf: 'behind everything'
+        return SIZE_BUCKETS - 1
     return int(expected_ms).bit_length()
 
 
@@ -106,7 +107,7 @@ class ClassQueue:
         self._fifo: deque[Entry] = deque()
         self.live = 0
         self.backlog_ms = 0.0  # sum of expected_ms of live entries
-        self._bucket_ms = [0.0] * _BUCKETS  # the same sum by log2(expected_ms), for work_ahead_ms
+        self._bucket_ms = [0.0] * SIZE_BUCKETS  # the same sum by log2(expected_ms), for work_ahead_ms
 
     def __len__(self) -> int:
         return self.live
@@ -119,7 +120,7 @@ class ClassQueue:
         self._fifo.append(entry)
         self.live += 1
         self.backlog_ms += entry.ticket.expected_ms
-        self._bucket_ms[_bucket(entry.ticket.expected_ms)] += entry.ticket.expected_ms
+        self._bucket_ms[size_bucket(entry.ticket.expected_ms)] += entry.ticket.expected_ms
 
     def _key(self, entry: Entry) -> float:
         if self.order == "fcfs":
@@ -182,24 +183,27 @@ class ClassQueue:
         entry.alive = False
         self.live -= 1
         self.backlog_ms -= entry.ticket.expected_ms
-        self._bucket_ms[_bucket(entry.ticket.expected_ms)] -= entry.ticket.expected_ms
+        self._bucket_ms[size_bucket(entry.ticket.expected_ms)] -= entry.ticket.expected_ms
         if self.live == 0:  # no float drift across busy periods
             self.backlog_ms = 0.0
-            self._bucket_ms = [0.0] * _BUCKETS
+            self._bucket_ms = [0.0] * SIZE_BUCKETS
         if len(self._heap) > 2 * self.live + 64:
             self._compact()
 
     def work_ahead_ms(self, expected_ms: float) -> float:
         """Expected ms of the live entries a new arrival of `expected_ms` would wait behind.
 
-        FCFS: all of them. SJF: those with a shorter expected time (whole log2
-        buckets below, half of its own bucket); aging, which moves older long
-        entries forward, is ignored, so this is a lower bound. O(buckets).
+        FCFS: all of them. SJF: those with a shorter expected time, and those of about its
+        own (whole log2 buckets below, and all of its own bucket: aging puts every older
+        entry of about its size ahead of it, and the queued ones are older; counting half
+        of it, as before s28, promised a long request arriving behind 150 longs half their
+        wait, and it expired in the queue). Older entries of larger buckets that aging
+        moves ahead are ignored. Later, shorter arrivals are `LoadEstimator`'s stretch. O(buckets).
         """
         if self.order == "fcfs":
             return self.backlog_ms
-        b = _bucket(expected_ms)
-        return max(0.0, sum(self._bucket_ms[:b]) + self._bucket_ms[b] / 2)
+        b = size_bucket(expected_ms)
+        return max(0.0, sum(self._bucket_ms[: b + 1]))
 
     def entries(self) -> list[Entry]:
         """Live entries in arrival order."""

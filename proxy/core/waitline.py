@@ -192,7 +192,7 @@ class Waitline:
         own_q, mine = self.queues[klass], self.classes[klass]
         own = own_q.work_ahead_ms(expected_ms)
         if exclude is not None:  # the arrival itself, already pushed
-            own = max(0.0, own - exclude.ticket.expected_ms * (1.0 if own_q.order == "fcfs" else 0.5))
+            own = max(0.0, own - exclude.ticket.expected_ms)
         ahead = own
         strict = self.picker.mode == "strict"
         for name, q in self.queues.items():

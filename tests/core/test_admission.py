@@ -383,6 +383,43 @@ def test_expected_wait_grows_with_the_work_ahead():
     assert ctl.load.expected_wait_ms("realtime", 100.0, 0.0) == 50.0  # strict: nothing ahead of realtime
 
 
+def test_a_long_request_expects_the_short_ones_that_will_arrive_ahead_of_it():
+    """SJF: shorter work arriving while a request waits is served first. A stream of short requests
+    using half the parallelism doubles a long request's expected wait (1 / (1 - 0.5)); a short one
+    is not stretched by the long ones, nor the whole queue's wait (expected inf: Retry-After's)."""
+    ctl = controller(make_policy(2))
+    ctl.arrive(ticket(expected_ms=1000.0), 0.0)
+    ctl.arrive(ticket(expected_ms=1000.0), 0.0)  # both slots taken: 1,000 ms of work in flight each
+    for i in range(400):  # 100 ms of short work every 0.1 s: 1,000 ms/s, half of 2 slots
+        ctl.load.accepted(ticket(expected_ms=100.0), i / 10.0)
+    now = 40.0
+    base = (1000.0 + 2000.0 / 2) / 2  # a queued long's worth ahead, plus half the work in flight, over 2
+    ctl.arrive(ticket(expected_ms=1000.0), now)
+    assert ctl.load.sjf_stretch("interactive", now, 1000.0) == pytest.approx(2.0, rel=0.05)
+    assert ctl.load.expected_wait_ms("interactive", 1000.0, now) == pytest.approx(2 * base, rel=0.05)
+    assert ctl.load.sjf_stretch("interactive", now, 100.0) == 1.0
+    assert ctl.load.sjf_stretch("interactive", now, float("inf")) == 1.0
+    fcfs = controller(make_policy(2, order="fcfs"))
+    for i in range(400):
+        fcfs.load.accepted(ticket(expected_ms=100.0), i / 10.0)
+    assert fcfs.load.sjf_stretch("interactive", now, 1000.0) == 1.0  # FCFS: nobody overtakes
+
+
+def test_the_sjf_stretch_stops_at_the_starvation_bounds_promise():
+    """A request overtaken for fcfs_wait_multiple x its FCFS wait goes to the front (proxy/core/sjf.py): the
+    estimate never exceeds that (a closed loop at capacity reads rho ~ 1 for a larger bucket), nor falls
+    below the unstretched one."""
+    ctl = controller(make_policy(1, fcfs_wait_multiple=2.0))
+    ctl.arrive(ticket(expected_ms=1000.0), 0.0)  # in flight
+    for i in range(400):  # 100 ms of short work every 0.1 s: all of the one slot (rho capped at 0.95)
+        ctl.load.accepted(ticket(expected_ms=100.0), i / 10.0)
+    now = 40.0
+    ctl.arrive(ticket(expected_ms=1000.0), now)
+    assert ctl.load.sjf_stretch("interactive", now, 1000.0) == pytest.approx(20.0, rel=0.05)
+    fcfs_wait = ctl.load.fcfs_wait_ms(now)  # 1,000 queued + 500 residual
+    assert ctl.load.expected_wait_ms("interactive", 1000.0, now) == pytest.approx(2 * fcfs_wait)
+
+
 def test_statistics_report_what_shedding_needs():
     ctl = controller(make_policy(1))
     lease = ctl.arrive(ticket(), 0.0).lease

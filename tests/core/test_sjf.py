@@ -95,6 +95,7 @@ def test_work_ahead():
     fill(q, [(10, 0), (20, 0), (1000, 0), (5000, 0)])
     assert q.work_ahead_ms(1) == 0.0
     assert q.work_ahead_ms(100) == 30.0  # only the shorter ones
+    assert q.work_ahead_ms(20) == 30.0  # and all of its own log2 bucket (aging: older ones of its size go first)
     assert q.work_ahead_ms(float("inf")) > 0
     fcfs = ClassQueue("c", "fcfs", 0.0, 1e9)
     fill(fcfs, [(10, 0), (20, 0), (1000, 0), (5000, 0)])
