@@ -161,10 +161,10 @@ class LoadEstimator:
     def overtaking_factor(self, klass: str, now: float) -> float:
         """1 / (1 - rho): under strict class priority, work arriving in higher classes while
         a request waits is served before it (the M/G/1 priority-queue stretch), with rho the
-        share of the parallelism that work needs (`_parallel`, as in the wait itself). Without it a batch request queued behind
-        interactive traffic at capacity was promised a wait it never got: it waited out its
-        deadline (bench/overload at 2x: 82 batch 504s after ~9 s) instead of hearing 503 at
-        arrival. rho is capped at MAX_RHO (a finite estimate for Retry-After)."""
+        share of the parallelism that work needs (`_parallel`, as in the wait itself). Without it
+        a batch request queued behind interactive traffic at capacity was promised a wait it never
+        got: it waited out its deadline (bench/overload at 2x: 82 batch 504s after ~9 s) instead
+        of hearing 503 at arrival. rho is capped at MAX_RHO (a finite estimate for Retry-After)."""
         classes = self.waitline.classes
         if self._class_mode != "strict" or klass not in classes:
             return 1.0
