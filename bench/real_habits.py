@@ -38,10 +38,10 @@ from pathlib import Path
 import httpx
 
 from bench.common import parse_args, pin, target, write_result
-from proxy import demo_scenario as demo
 from proxy import loadtest as lt
 from proxy.loadtest.shapes import Shape, chat_body
 from proxy.simpod import get_profile, oracle
+from proxy.testing import demo_scenario as demo
 from proxy.testing import scheduling as sc
 from proxy.testing.procs import Proc
 

@@ -27,9 +27,9 @@ from pathlib import Path
 import httpx
 
 from bench.common import parse_args, target, write_result
-from proxy import demo_scenario as demo
 from proxy import loadtest as lt
 from proxy.loadtest.shapes import Shape, chat_body
+from proxy.testing import demo_scenario as demo
 from proxy.testing import scheduling as sc
 
 SEED = 5

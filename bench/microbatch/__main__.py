@@ -18,9 +18,9 @@ import trio
 import bench.microbatch as doc
 from bench.common import cpu_seconds, free_port, parse_args, pin, target, write_result
 from bench.microbatch import report
-from proxy import demo_scenario as demo
 from proxy import loadtest as lt
 from proxy.simpod import get_profile, oracle
+from proxy.testing import demo_scenario as demo
 from proxy.testing.procs import Proc, wait_for
 
 SEED = 19
