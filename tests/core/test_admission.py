@@ -420,6 +420,31 @@ def test_the_sjf_stretch_stops_at_the_starvation_bounds_promise():
     assert ctl.load.expected_wait_ms("interactive", 1000.0, now) == pytest.approx(2 * fcfs_wait)
 
 
+def test_the_deadline_rule_keeps_a_request_fcfs_would_finish_in_time():
+    """The SJF stretch may say no where the starvation bound's promise says yes: a request FCFS would
+    finish within its deadline falls due in time to be served in time (ArrivalGate.deadline_verdict)."""
+    from proxy.core import deadline as dl
+    from proxy.core.arrival import ArrivalGate
+    from proxy.policy import shedding as shedding_policy
+
+    policy = make_policy(1, fcfs_wait_multiple=2.0)
+    ctl = controller(policy)
+    gate = ArrivalGate(policy, shedding_policy.shedder(policy.shedding, 3, random.Random(0)), None)
+    ctl.arrive(ticket(expected_ms=1000.0), 0.0)  # in flight
+    ctl.arrive(ticket(expected_ms=1000.0), 0.0)  # queued
+    for i in range(400):  # short work enough to fill the one slot: the stretch is at its cap
+        ctl.load.accepted(ticket(expected_ms=100.0), i / 10.0)
+    now = 40.0
+    assert ctl.load.expected_wait_ms("interactive", 1000.0, now) == pytest.approx(3000.0)  # 2 x FCFS's 1,500
+    assert ctl.load.promised_wait_ms("interactive", now) == pytest.approx(1500.0)
+    fits = ticket(expected_ms=1000.0, deadline=now + 3.0)  # FCFS: 1,500 + 1,000 <= 3,000
+    assert type(gate.deadline_verdict(fits, now, ctl.load, 1000.0)) is dl.Meetable
+    late = ticket(expected_ms=1000.0, deadline=now + 2.4)  # FCFS: 2,500 > 2,400
+    assert type(gate.deadline_verdict(late, now, ctl.load, 1000.0)) is dl.Unmeetable
+    fcfs = controller(make_policy(1, order="fcfs", fcfs_wait_multiple=2.0))
+    assert fcfs.load.promised_wait_ms("interactive", now) is None  # FCFS order: its own estimate is FCFS's
+
+
 def test_statistics_report_what_shedding_needs():
     ctl = controller(make_policy(1))
     lease = ctl.arrive(ticket(), 0.0).lease
