@@ -24,7 +24,7 @@ configuration in turn, step by step (direct, FCFS, SJF, direct, ...):
    idle_since, read once it is idle; the next step starts only then).
 
 Pinning: the pod on CPU 0; sidecars and this process (the generator) on CPU 1.
-Usage: python -m bench.real_habits [--quick] [--out DIR]
+Usage: python -m bench.real_habits [--quick] [--out DIR] [--scheduling KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -69,8 +69,9 @@ def pod_argv(profile: str, speed: float) -> list[str]:
     return ["sim-pod", "--listen", "127.0.0.1:0", "--profile", profile, "--speed", f"{speed:g}", "--seed", str(SEED)]
 
 
-def policy(order: str, limit: int) -> str:
-    """The default policy but for the order and a fixed limit (health checks a little faster)."""
+def policy(order: str, limit: int, scheduling: tuple[str, ...] = ()) -> str:
+    """The default policy but for the order and a fixed limit (health checks a little faster), plus any
+    `[scheduling]` KEY = VALUE lines an experiment names (--scheduling)."""
     return "\n".join(
         [
             "[warmup]",
@@ -79,6 +80,7 @@ def policy(order: str, limit: int) -> str:
             "enabled = false",
             "[scheduling]",
             f'order = "{order}"',
+            *scheduling,
             "[limits]",
             'kind = "fixed"',
             f"initial_limit = {limit}",
@@ -109,7 +111,7 @@ def serial(args, conf: dict) -> dict:
     sla = {sc.SHORT: 20 * alone[sc.SHORT], sc.LONG: 5 * alone[sc.LONG]}
     run: dict = {"profile": "serial", "speed": SERIAL_SPEED, "alone_ms": alone, "capacity_rps": capacity, "sla_ms": sla}
     with Proc(pod_argv("serial", SERIAL_SPEED), cpu=0, name="sim-pod") as pod:
-        policies = {o: policy(o, 1) for o in ("fcfs", "sjf")}
+        policies = {o: policy(o, 1, tuple(args.scheduling)) for o in ("fcfs", "sjf")}
         where = Path(args.out) / "serial"
         where.mkdir(exist_ok=True)
         with demo.sidecars(pod.url(), policies, where, cpu=1) as procs:
@@ -189,7 +191,7 @@ def keeps_computing(args, conf: dict) -> dict:
     run |= {"budget_ms": KEEPS_BUDGET_MS, "client_timeout_s": KEEPS_CLIENT_TIMEOUT_S}
     sla = dict.fromkeys(sc.CLASSES, float(KEEPS_BUDGET_MS))
     with Proc(pod_argv("keeps-computing", 1.0), cpu=0, name="sim-pod") as pod:
-        policies = {o: policy(o, 8) for o in ("fcfs", "sjf")}
+        policies = {o: policy(o, 8, tuple(args.scheduling)) for o in ("fcfs", "sjf")}
         where = Path(args.out) / "keeps-computing"
         where.mkdir(exist_ok=True)
         with demo.sidecars(pod.url(), policies, where, cpu=1) as procs:
@@ -317,8 +319,18 @@ def markdown(run: dict, pinning: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _add(p) -> None:
+    p.add_argument(
+        "--scheduling",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="experiment: a [scheduling] line for both sidecars, e.g. fcfs_wait_multiple=1.3 (repeatable)",
+    )
+
+
 def main() -> None:
-    args = parse_args("real_habits", __doc__)
+    args = parse_args("real_habits", __doc__, _add)
     pinning = pin(1)
     conf = QUICK if args.quick else FULL
     run = {"seed": SEED, "serial": serial(args, conf), "keeps": keeps_computing(args, conf)}
