@@ -4,6 +4,8 @@ Theory of operation: an exponentially decayed event count with time constant
 `tau_s`: each event adds 1, the count decays by exp(-dt / tau_s), and
 rate = count / tau_s, so a steady r events/s reads r after a few tau_s and an
 old burst fades smoothly. O(1) per event and per read; time is an argument.
+`BucketedRate` is the same for amounts in buckets (the work arriving per log2 size
+bucket, which the SJF stretch of the wait estimate reads), with one shared decay.
 """
 
 from __future__ import annotations
