@@ -8,9 +8,9 @@ alone):
 
 - the expected work in flight (`inflight_expected_ms`: each lease's expected
   service time, plus what phantoms still cost);
-- per class, the expected work arriving per second (decayed rates), which the
-  strict-priority overtaking factor reads, and the same by log2 size bucket, which
-  the SJF stretch reads (shorter work of the arrival's own class served first);
+- per class, the expected work arriving per second by log2 size bucket (decayed
+  rates): all of it is what the strict-priority overtaking factor reads, the buckets
+  below a request's size what the SJF stretch reads (shorter work of its own class);
 - arrivals to and departures from the queue, and completions (decayed rates):
   queue growth and drain rate for the saturation rule;
 - the service times of completed requests, all routes (a windowed quantile): the
@@ -51,7 +51,6 @@ class LoadEstimator:
         "_unit_requests",
         "_window_s",
         "_work_in",
-        "_work_in_sizes",
         "capacity",
         "inflight_expected_ms",
         "service_times",
@@ -75,8 +74,9 @@ class LoadEstimator:
         if sched.drain_window_s != self._window_s:
             self._window_s = sched.drain_window_s
             self._drain, self._arrivals, self._leaves = (DecayedRate(self._window_s) for _ in range(3))
-            self._work_in: dict[str, DecayedRate] = {}  # per class: expected ms of work arriving per second
-            self._work_in_sizes: dict[str, BucketedRate] = {}  # the same by size_bucket(expected_ms)
+            # Per class: expected ms of work arriving per second, by size_bucket(expected_ms) (the total is
+            # all buckets: one decay per accepted request serves both readers).
+            self._work_in: dict[str, BucketedRate] = {}
 
     # --- what the controller reports --------------------------------------
 
@@ -92,11 +92,8 @@ class LoadEstimator:
         """Work that will take a slot (admitted at once, or queued): what higher classes' overtaking reads."""
         rate = self._work_in.get(ticket.klass)
         if rate is None:
-            rate = self._work_in[ticket.klass] = DecayedRate(self._window_s)
-            self._work_in_sizes[ticket.klass] = BucketedRate(self._window_s, SIZE_BUCKETS)
-        rate.add(now, ticket.expected_ms)
-        if ticket.expected_ms < _INF:
-            self._work_in_sizes[ticket.klass].add(now, size_bucket(ticket.expected_ms), ticket.expected_ms)
+            rate = self._work_in[ticket.klass] = BucketedRate(self._window_s, SIZE_BUCKETS, now)
+        rate.add(now, size_bucket(ticket.expected_ms), ticket.expected_ms)
 
     def released(self, now: float) -> None:
         """A lease ended (the drain rate)."""
@@ -183,7 +180,9 @@ class LoadEstimator:
             return 1.0
         mine = classes[klass].priority
         work_ms_per_s = sum(
-            rate.rate(now) for name, rate in self._work_in.items() if name in classes and classes[name].priority < mine
+            rate.rate_below(now, SIZE_BUCKETS)
+            for name, rate in self._work_in.items()
+            if name in classes and classes[name].priority < mine
         )
         if not work_ms_per_s:
             return 1.0
@@ -198,7 +197,7 @@ class LoadEstimator:
         Without it a long request was promised a wait behind the queue as it stood, and a stream
         of short ones went ahead of it until it expired there (the sim pod standing in for vLLM
         at 3x offered: ~80 504s a run after up to 10 s queued, instead of a 503 at arrival)."""
-        sizes = self._work_in_sizes.get(klass)
+        sizes = self._work_in.get(klass)
         if sizes is None or expected_ms == _INF or self.waitline.queues[klass].order != "sjf":
             return 1.0
         work_ms_per_s = sizes.rate_below(now, size_bucket(expected_ms))

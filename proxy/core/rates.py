@@ -55,14 +55,12 @@ class BucketedRate:
 
     __slots__ = ("_epoch", "_sums", "tau_s")
 
-    def __init__(self, tau_s: float, n: int) -> None:
+    def __init__(self, tau_s: float, n: int, epoch: float) -> None:
         self.tau_s = tau_s
         self._sums = [0.0] * n
-        self._epoch: float | None = None
+        self._epoch = epoch  # the clock's reading at creation (a time of the caller's clock, like `now`)
 
     def add(self, now: float, bucket: int, amount: float) -> None:
-        if self._epoch is None:
-            self._epoch = now
         k = (now - self._epoch) / self.tau_s
         if k > _RESCALE_AFTER:
             scale = math.exp(-k)
@@ -72,8 +70,6 @@ class BucketedRate:
 
     def rate_below(self, now: float, bucket: int) -> float:
         """Amount per second around `now` in the buckets below `bucket`."""
-        if self._epoch is None:
-            return 0.0
         return sum(self._sums[:bucket]) * math.exp(-(now - self._epoch) / self.tau_s) / self.tau_s
 
     def __repr__(self) -> str:

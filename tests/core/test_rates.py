@@ -17,7 +17,7 @@ events = st.lists(
 @given(events, st.integers(0, 8), st.floats(0.0, 100.0))
 def test_rate_below_is_the_sum_of_each_buckets_decayed_rate(evts, below, after_s):
     tau = 2.0  # 60 tau = 120 s: long runs of gaps cross a rescale
-    bucketed = BucketedRate(tau, 8)
+    bucketed = BucketedRate(tau, 8, 0.0)
     each = [DecayedRate(tau) for _ in range(8)]
     now = 0.0
     for gap, bucket, amount in evts:
@@ -30,7 +30,7 @@ def test_rate_below_is_the_sum_of_each_buckets_decayed_rate(evts, below, after_s
 
 
 def test_an_empty_rate_reads_zero_and_a_steady_one_reads_its_rate():
-    r = BucketedRate(1.0, 4)
+    r = BucketedRate(1.0, 4, 0.0)
     assert r.rate_below(10.0, 4) == 0.0
     for i in range(2000):  # 50 ms of work in bucket 1 every 10 ms: 5,000 ms/s
         r.add(i / 100.0, 1, 50.0)
