@@ -30,6 +30,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Self
 
+from proxy.core.wire import Reason
+
+# The sidecar's answers at arrival that turn a request away with Retry-After (a shed), one list for every
+# benchmark: each had its own, and each missed one (class_queue_full, deadline_unmeetable). A 504
+# deadline_expired is not one: the request waited first.
+SHED_REASONS = frozenset(
+    r.value
+    for r in (
+        Reason.QUEUE_FULL,
+        Reason.CLASS_QUEUE_FULL,
+        Reason.DEADLINE_UNMEETABLE,
+        Reason.OVERLOADED,
+        Reason.GPU_PRESSURE,
+        Reason.TENANT_QUOTA,
+    )
+)
+
 _OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq}
 APT = {
     "nginx": "nginx",

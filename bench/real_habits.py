@@ -37,7 +37,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import parse_args, pin, target, write_result
+from bench.common import SHED_REASONS, parse_args, pin, target, write_result
 from proxy import loadtest as lt
 from proxy.loadtest.shapes import Shape, chat_body
 from proxy.simpod import get_profile, oracle
@@ -53,7 +53,6 @@ QUICK = {"open_s": 40.0, "open_warmup_s": 4.0, "repeats": 1, "closed_s": 20.0, "
 KEEPS_BUDGET_MS = 600
 KEEPS_CLIENT_TIMEOUT_S = 0.7
 KEEPS_USERS, KEEPS_THINK_MS = 16, 100.0
-SHED_REASONS = ("overloaded", "queue_full")
 
 
 def mix(short_tokens: int, long_tokens: int, short_share: float, deadline_ms: int | None = None) -> lt.Mix:

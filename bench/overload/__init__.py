@@ -41,8 +41,6 @@ POLICIES = {
     "admission_only": "bench/policies/overload-admission-only.toml",
     "full": "bench/policies/overload-full.toml",
 }
-# The sidecar's answers at arrival (the shed-answer latency is theirs); 504 deadline_expired is not one.
-SHED_REASONS = frozenset({"queue_full", "overloaded", "gpu_pressure", "deadline_unmeetable", "tenant_quota"})
 FULL_LOADS, QUICK_LOADS = (0.5, 1.0, 1.5, 2.0, 2.5), (1.0, 2.0)
 TARGET_LOAD = 2.0
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.common import target
-from bench.overload import POD_PROFILE, SHED_REASONS, TARGET_LOAD
+from bench.common import SHED_REASONS, target
+from bench.overload import POD_PROFILE, TARGET_LOAD
 from proxy import loadtest as lt
 from proxy.loadtest.stats import in_window
 

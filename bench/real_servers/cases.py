@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import httpx
 import trio
 
-from bench.common import cpu_seconds
+from bench.common import SHED_REASONS, cpu_seconds
 from bench.real_servers.servers import ServerSpec, backend_busy_after_s, wait_idle
 from proxy import loadtest as lt
 from proxy.calibrate.measure import parse_gauges
@@ -57,15 +57,6 @@ from proxy.loadtest.records import StepRun
 # A sidecar that is the engine's only client is never cut so; the window starts once it recovered.
 WARMUP_SHARE = 0.3
 SAMPLE_S = 0.5  # vLLM gauges; the sidecar's /admin/stats every other reading (it costs the sidecar CPU)
-SHED_REASONS = {
-    "overloaded",
-    "queue_full",
-    "class_queue_full",
-    "queue_timeout",
-    "deadline_unmeetable",
-    "gpu_pressure",
-    "tenant_quota",
-}
 
 
 @dataclass(frozen=True)
