@@ -24,7 +24,7 @@ configuration in turn, step by step (direct, FCFS, SJF, direct, ...):
    idle_since, read once it is idle; the next step starts only then).
 
 Pinning: the pod on CPU 0; sidecars and this process (the generator) on CPU 1.
-Usage: python -m bench.real_habits [--quick] [--out DIR] [--scheduling KEY=VALUE ...]
+Usage: python -m bench.real_habits [--quick] [--out DIR] [--scheduling KEY=VALUE ...] [--open-s S]
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def serial(args, conf: dict) -> dict:
                         "rejected": {n: _delta(rejections(p.url("admin")), before[n]) for n, p in procs.items()},
                     }
                 )
-            run["open_load_rps"], run["open_repeats"] = load, reps
+            run["open_load_rps"], run["open_repeats"], run["open_s"] = load, reps, conf["open_s"]
             run["closed4"] = closed_loop(targets, procs, m, conf["closed_s"], sla)
             run["admission"] = {
                 n: httpx.get(p.url("admin") + "/admin/stats", timeout=10).json()["admission"]["models"]
@@ -273,8 +273,8 @@ def markdown(run: dict, pinning: str) -> str:
         "",
         (
             f"Alone: short {s['alone_ms'][sc.SHORT]:.1f} ms, long {s['alone_ms'][sc.LONG]:.1f} ms; capacity "
-            f"{s['capacity_rps']:.2f} req/s; open-loop Poisson at 0.9 x = {s['open_load_rps']:g} req/s, limit 1, "
-            "default policy otherwise."
+            f"{s['capacity_rps']:.2f} req/s; open-loop Poisson at 0.9 x = {s['open_load_rps']:g} req/s for "
+            f"{s.get('open_s', 0):g} s a seed, limit 1, default policy otherwise."
         ),
     ]
     for rep in s["open_repeats"]:
@@ -326,12 +326,21 @@ def _add(p) -> None:
         metavar="KEY=VALUE",
         help="experiment: a [scheduling] line for both sidecars, e.g. fcfs_wait_multiple=1.3 (repeatable)",
     )
+    p.add_argument(
+        "--open-s",
+        type=float,
+        default=None,
+        help="experiment: seconds of the serial profile's open-loop trace per seed (quick 40, full 90): "
+        "at rho 0.9 FCFS's queue takes about as long as 90 s to reach its steady state",
+    )
 
 
 def main() -> None:
     args = parse_args("real_habits", __doc__, _add)
     pinning = pin(1)
     conf = QUICK if args.quick else FULL
+    if args.open_s:
+        conf = conf | {"open_s": args.open_s}
     run = {"seed": SEED, "serial": serial(args, conf), "keeps": keeps_computing(args, conf)}
     targets = targets_of(run)
     out = write_result(args, run, targets, markdown(run, pinning))
