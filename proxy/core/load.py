@@ -184,10 +184,7 @@ class LoadEstimator:
             for name, rate in self._work_in.items()
             if name in classes and classes[name].priority < mine
         )
-        if not work_ms_per_s:
-            return 1.0
-        rho = min(MAX_RHO, work_ms_per_s / 1000.0 / self._parallel())
-        return 1.0 / (1.0 - rho)
+        return self._stretch(work_ms_per_s)
 
     def sjf_stretch(self, klass: str, now: float, expected_ms: float) -> float:
         """1 / (1 - rho) for the shorter work of its own SJF class that arrives while a request of
@@ -201,6 +198,10 @@ class LoadEstimator:
         if sizes is None or expected_ms == _INF or self.waitline.queues[klass].order != "sjf":
             return 1.0
         work_ms_per_s = sizes.rate_below(now, size_bucket(expected_ms))
+        return self._stretch(work_ms_per_s)
+
+    def _stretch(self, work_ms_per_s: float) -> float:
+        """1 / (1 - rho), rho the share of the parallelism `work_ms_per_s` of overtaking work needs, at most MAX_RHO."""
         if not work_ms_per_s:
             return 1.0
         rho = min(MAX_RHO, work_ms_per_s / 1000.0 / self._parallel())
