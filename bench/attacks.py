@@ -5,8 +5,9 @@ being served, how fast, and what does the attack cost the sidecar in memory and
 CPU? For every attack in `proxy.testing.attacks.ATTACKS`, in one run: a fresh
 sidecar (default policy, pinned to CPU 0) in front of one sim pod (speed 20, CPU
 1) gets a steady normal load (RATE req/s of short chat completions on a fixed
-schedule, from WORKERS connections, half HTTP/1.1 keep-alive, half h2c, from this
-process on CPU 1; latency counts from when a request was due).
+schedule dealt round robin to WORKERS connections, so each carries a request every
+WORKERS / RATE s: half HTTP/1.1 keep-alive, half h2c, from this process on CPU 1;
+latency counts from when a request was due).
 
 Method (why the ratio means something on a shared machine): each attack is measured
 in REPEATS pairs, each pair a no-attack phase and an attack phase run back to back
@@ -141,9 +142,14 @@ class Load:
         self.stop = threading.Event()  # the schedule ends
         self.quit = threading.Event()  # the workers end
         self.lock = threading.Lock()
-        self.due: queue.Queue[float] = queue.Queue()
+        # One schedule per worker, dealt round robin: each connection carries a request every
+        # WORKERS / RATE s. (One shared queue let a few workers take nearly every request while the
+        # others sat idle for 9-14 s, past httpx's 5 s keep-alive expiry: their connections were
+        # re-made inside the attack window and waited in the listen backlog behind the attacker's.)
+        self.dues: list[queue.Queue[float]] = [queue.Queue() for _ in range(WORKERS)]
         self.threads = [
-            threading.Thread(target=self._requests, args=(i % 2 == 1,), daemon=True) for i in range(WORKERS)
+            threading.Thread(target=self._requests, args=(i % 2 == 1, self.dues[i]), daemon=True)
+            for i in range(WORKERS)
         ]
         self.threads += [
             threading.Thread(target=self._schedule, daemon=True),
@@ -163,7 +169,7 @@ class Load:
         self.closed = time.monotonic()
         self.stop.set()
         drain_until = self.closed + TIMEOUT_S + 1
-        while not self.due.empty() and time.monotonic() < drain_until:
+        while any(not due.empty() for due in self.dues) and time.monotonic() < drain_until:
             time.sleep(0.05)
 
     def __exit__(self, *exc: object) -> None:
@@ -172,25 +178,27 @@ class Load:
         for thread in self.threads:
             thread.join(TIMEOUT_S + 2)
         with self.lock:  # due but never started: the load generator could not keep up, or the sidecar could not
-            while not self.due.empty():
-                if self._counts(self.due.get_nowait()):
-                    self.phase.sent += 1
-                    self.phase.errors["not started"] = self.phase.errors.get("not started", 0) + 1
+            for due in self.dues:
+                while not due.empty():
+                    if self._counts(due.get_nowait()):
+                        self.phase.sent += 1
+                        self.phase.errors["not started"] = self.phase.errors.get("not started", 0) + 1
 
     def _counts(self, due: float) -> bool:
         return self.opened <= due < self.closed
 
     def _schedule(self) -> None:
-        period, next_at = 1.0 / RATE, time.monotonic()
+        period, next_at, n = 1.0 / RATE, time.monotonic(), 0
         while not self.stop.wait(max(0.0, next_at - time.monotonic())):
-            self.due.put(next_at)
+            self.dues[n % WORKERS].put(next_at)
             next_at += period
+            n += 1
 
-    def _requests(self, h2: bool) -> None:
+    def _requests(self, h2: bool, dues: queue.Queue[float]) -> None:
         with httpx.Client(http2=h2, http1=not h2, timeout=TIMEOUT_S, trust_env=False) as client:
             while not self.quit.is_set():
                 try:
-                    due = self.due.get(timeout=0.1)
+                    due = dues.get(timeout=0.1)
                 except queue.Empty:
                     continue
                 try:
