@@ -93,6 +93,7 @@ import trio
 from trio.testing import wait_all_tasks_blocked  # the runner's own idle test (module doc, accept priority)
 
 from proxy.errors import StartupError
+from proxy.http import heap
 from proxy.http.exchange import CLIENT, ServerContext
 from proxy.http.h1server import PREFACE, H1ServerConnection
 from proxy.http.h2server import H2ServerConnection
@@ -370,6 +371,7 @@ class Server:
                 nursery.start_soon(self._connection, stream, peer)
                 if self._defer_accepts:
                     await self._idle_loop()
+                heap.accepted()  # every heap.SWEEP_ACCEPTS accepts a young pass, at the loop's idle time (heap.py)
         finally:
             listener.socket.close()  # from here on, connects are refused
 
