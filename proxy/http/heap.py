@@ -43,9 +43,9 @@ attacker drives to that); cyclic garbage frozen before it died waits for a recla
 when the frozen count has grown past its size after the last reclaim (or settle) by that
 size or RECLAIM_FLOOR, whichever is more, one full pass over everything (unfreeze,
 collect, freeze), logged. A keep-alive client never triggers a sweep. Measured with
-bench.attacks (one pair each; a scratch copy sweeping on a 100 ms timer): stalled_bodies
-p99 29 -> 15 ms (no pass over 2 ms; what is left is the attacker's first second of 4,096
-connects), bad_targets 15 -> 7 ms; rapid_reset unchanged (no long pass there).
+bench.attacks (one pair each, normal-load p99 under attack, before / after): stalled_bodies
+29 -> 12 ms (no collector pass over 2 ms left), bad_targets 15 -> 10 ms; rapid_reset had
+no long pass to remove (its tail is CPU: docs/security.md).
 """
 
 from __future__ import annotations
