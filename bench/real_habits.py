@@ -8,10 +8,11 @@ configuration in turn, step by step (direct, FCFS, SJF, direct, ...):
    computing after a disconnect), at --speed 5: 80% short chats (16 output tokens, ~66 ms
    alone) / 20% long ones (256 tokens, ~1.03 s). Capacity is the profile's own formula (one
    over the mean service time). a) an open-loop Poisson trace at 0.9 x capacity: short p50
-   and long p99 against FCFS's, at the queue's steady state (the trace's first 90 s left out); b) a closed loop of 4 clients: nothing may be shed. The
-   sidecars run the default policy but for the order and a fixed limit of 1 (the server runs
-   one request at a time): default shedding (CoDel in the service time's scale), default
-   classes and budgets (30 s), default aging and starvation bound.
+   and long p99 against FCFS's, at the queue's steady state (the trace's first 90 s left
+   out); b) a closed loop of 4 clients: nothing may be shed. The sidecars run the default
+   policy but for the order and a fixed limit of 1 (the server runs one request at a time):
+   default shedding (CoDel in the service time's scale), default classes and budgets (30 s),
+   default aging and starvation bound.
 2. keeps-computing (LitServe/PyTriton-style: padded batches of up to 8, 25 ms a step, keeps
    computing after a disconnect), at speed 1: 16 clients in a closed loop (100 ms think time),
    half short answers (4 tokens, ~0.15 s in a batch of its own kind) and half long ones (48

@@ -43,6 +43,7 @@ import trio
 from proxy import build, logs
 from proxy.core.arrival import ArrivalGate
 from proxy.errors import StartupError
+from proxy.http import heap
 from proxy.http.pool import UpstreamPool
 from proxy.http.server import FD_BASE_RESERVE, Server
 from proxy.metrics import Metrics
@@ -341,6 +342,7 @@ class App:
             "upstream_metrics": self.upstream_metrics.statistics(),
             "upstreams": self.pool.statistics(),
             "reload": self.reloader.statistics() if self.reloader else None,
+            "gc": heap.statistics(),  # the collector's sweeps under connection floods (proxy/http/heap.py)
         }
 
     def policy_snapshot(self) -> dict[str, Any]:

@@ -69,9 +69,8 @@ SWEEP_ACCEPTS = 64
 # same pause the sweeps remove, when it ran every 32 sweeps (~3.5 s). Once a minute, the leak it bounds
 # waits a minute longer at most.
 CHECK_EVERY_S = 60.0
-RECLAIM_FLOOR = (
-    600_000  # frozen objects past the last reclaim's count before a full pass (~150 per connection at 4,096)
-)
+# Frozen objects past the last reclaim's count before a full pass (~150 per connection at 4,096 connections).
+RECLAIM_FLOOR = 600_000
 
 
 class _Sweeps:
@@ -87,6 +86,11 @@ class _Sweeps:
 
 
 SWEEPS = _Sweeps()
+
+
+def statistics() -> dict[str, int]:
+    """For /admin/stats: sweeps run, full reclaims, frozen objects after start-up or the last reclaim."""
+    return {"sweeps": SWEEPS.sweeps, "reclaims": SWEEPS.reclaims, "frozen_base": SWEEPS.base}
 
 
 def settle() -> None:
