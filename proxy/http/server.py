@@ -371,7 +371,7 @@ class Server:
                 nursery.start_soon(self._connection, stream, peer)
                 if self._defer_accepts:
                     await self._idle_loop()
-                heap.accepted()  # every heap.SWEEP_ACCEPTS accepts a young pass, at the loop's idle time (heap.py)
+                heap.accepted(self._open)  # in a flood, a young pass every heap.SWEEP_ACCEPTS accepts (heap.py)
         finally:
             listener.socket.close()  # from here on, connects are refused
 

@@ -46,10 +46,24 @@ def _restore(before) -> None:
     gc.set_threshold(*before)
 
 
+def test_accepts_with_few_connections_open_do_not_sweep(monkeypatch):
+    """A client opening a connection per request keeps a few open: its traffic keeps CPython's own passes."""
+    before = _settled_then_restored(monkeypatch)
+    try:
+        for _ in range(3 * heap.SWEEP_ACCEPTS):
+            heap.accepted(heap.SWEEP_MIN_OPEN - 1)
+        assert heap.SWEEPS.sweeps == 0
+        for _ in range(heap.SWEEP_ACCEPTS):
+            heap.accepted(heap.SWEEP_MIN_OPEN)
+        assert heap.SWEEPS.sweeps == 1
+    finally:
+        _restore(before)
+
+
 def test_accepts_do_nothing_until_the_process_has_settled(monkeypatch):
     monkeypatch.setattr(heap, "SWEEPS", heap._Sweeps())
     for _ in range(3 * heap.SWEEP_ACCEPTS):
-        heap.accepted()
+        heap.accepted(heap.SWEEP_MIN_OPEN)
     assert heap.SWEEPS.sweeps == 0  # a test's in-process server never freezes the test's heap
 
 
@@ -63,9 +77,9 @@ def test_a_sweep_every_sweep_accepts_freezes_survivors_and_collects_young_cycles
         dead = weakref.ref(cycle)
         del cycle  # young cyclic garbage: collected by the sweep, never frozen
         for _ in range(heap.SWEEP_ACCEPTS - 1):
-            heap.accepted()
+            heap.accepted(heap.SWEEP_MIN_OPEN)
         assert heap.SWEEPS.sweeps == 0 and dead() is not None
-        heap.accepted()
+        heap.accepted(heap.SWEEP_MIN_OPEN)
         assert heap.SWEEPS.sweeps == 1 and heap.SWEEPS.accepts == 0
         assert dead() is None
         assert id(held) not in {id(o) for o in gc.get_objects()}  # frozen: later passes do not walk it
