@@ -141,6 +141,10 @@ _NOTHING_OBSERVED = Observed()
 # Completed samples folded at once on the quiet path (release): the model already solves theta
 # once per SOLVE_EVERY (proxy/core/service_model.py); the same count bounds how stale a limit is.
 SAMPLE_BATCH = 16
+# The route models learn from this many completed samples a second at most (_fold): past that rate each
+# more sample costs CPU (a few us) and tells a model with a 500-sample memory little it did not know.
+LEARN_PER_S = 200.0
+LEARN_BURST = float(SAMPLE_BATCH)
 # A ticket that would have to queue but cannot afford any wait (now >= its expiry time).
 _NO_TIME_TO_WAIT = deadline_unmeetable(None, None)
 
@@ -173,6 +177,8 @@ class AdmissionController:
         self.outbox: list[Admit | Expired] = []  # decisions for other waiters, until take_woken()
         # Completed samples not yet fed to the limits, load and models (release, _fold).
         self._samples: list[tuple[int, float, int, Ticket, float, Observed | None, float]] = []
+        self._learn_credit, self._learn_at = LEARN_BURST, -math.inf  # the models' learning rate (_fold)
+        self._must_learn = False  # the next fold's last sample is learned whatever the rate (release)
         self._newcomer: int | None = None  # the ticket whose own decision arrive() returns
         self._newcomer_admit: Admit | None = None
         self._newcomer_service_ms = 0.0
@@ -181,7 +187,15 @@ class AdmissionController:
         self._probes: dict[str, int] = {}  # route -> its unjudged requests upstream
         self._probe_leases: set[int] = set()
         self._now = 0.0
-        self.counts = {"admitted": 0, "expired": 0, "abandoned": 0, "released": 0, "phantoms": 0, "held_for_group": 0}
+        self.counts = {
+            "admitted": 0,
+            "expired": 0,
+            "abandoned": 0,
+            "released": 0,
+            "phantoms": 0,
+            "held_for_group": 0,
+            "not_learned": 0,
+        }
         self.rejected: dict[str, int] = {}  # reason -> count
         self.models = ServiceModels()
         self.waitline = Waitline(policy.scheduling, policy.classes)
@@ -388,11 +402,12 @@ class AdmissionController:
             samples.append((i, rtt_ms / per, inflight, t, rtt_ms, observed, now))
             if (
                 probe
-                or len(samples) >= SAMPLE_BATCH
-                or self.waitline.entries
                 or self.models.warming(t.cost.route)
                 or self.models.floored(t.cost.route, t.cost.prompt_tokens, t.cost.output_tokens)
-            ):  # an answer of a shape a censored floor condemns (its probe): it lifts the floor for the next
+            ):  # a judging answer (a probe, a model in warm-up, a shape a censored floor condemns): learned
+                self._must_learn = True  # whatever the rate (see _fold), and at once: it moves the next estimates
+                self._fold()
+            elif len(samples) >= SAMPLE_BATCH or self.waitline.entries:
                 self._fold()
         elif outcome is Outcome.REFUSED:
             self.balancer.mark_refused(i, now)
@@ -412,10 +427,25 @@ class AdmissionController:
         self._samples = []
         limits, load = self.capacity.limits, self.load
         learned = []
-        for i, latency, inflight, t, rtt_ms, observed, now in samples:
+        # The models learn from LEARN_PER_S samples a second at most (a credit that refills with time,
+        # LEARN_BURST deep): below that rate, from every one; above it, from an even share, so their
+        # memory (memory_samples) spans at least memory_samples / LEARN_PER_S seconds. The limits and
+        # the load estimator still take every sample.
+        credit, last = self._learn_credit, self._learn_at
+        judging = samples[-1] if self._must_learn else None  # learned whatever the credit says (release)
+        self._must_learn = False
+        for sample in samples:
+            i, latency, inflight, t, rtt_ms, observed, now = sample
             if i < len(limits):  # a reload may have dropped the upstream
                 limits[i].on_sample(now, latency, inflight, False)
             load.completed(rtt_ms, now)
+            credit = min(LEARN_BURST, credit + (now - last) * LEARN_PER_S)
+            last = now
+            if credit >= 1.0:
+                credit -= 1.0
+            elif sample is not judging:
+                self.counts["not_learned"] += 1
+                continue
             c, o = t.cost, observed or _NOTHING_OBSERVED
             learned.append(
                 (
@@ -429,6 +459,7 @@ class AdmissionController:
                     now,
                 )
             )
+        self._learn_credit, self._learn_at = credit, last
         self.models.learn_many(learned)
 
     def flush(self) -> None:

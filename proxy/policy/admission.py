@@ -83,7 +83,11 @@ class Scheduling(Section, frozen=True):
         Meta(
             ge=10,
             le=1_000_000,
-            description="Service-time model memory: older samples fade with forgetting factor 1 - 1/this.",
+            description=(
+                "Service-time model memory: older samples fade with forgetting factor 1 - 1/this. The models"
+                " learn from 200 completions a second at most (an even share above that rate), so the memory"
+                " spans at least this / 200 seconds."
+            ),
         ),
     ] = 500
     model_prior_samples: Annotated[

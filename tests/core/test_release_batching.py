@@ -8,7 +8,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.admission import SAMPLE_BATCH, AdmissionController
+from proxy.core.admission import LEARN_BURST, LEARN_PER_S, SAMPLE_BATCH, AdmissionController
 from proxy.core.decisions import Admit, Observed, Outcome
 from proxy.core.service_model import ServiceModel, ServiceModels
 from proxy.policy.admission import Route
@@ -112,3 +112,51 @@ def test_a_queue_or_another_outcome_folds_at_once() -> None:
     d = ctl.arrive(ticket(expected_ms=10.0), now)
     ctl.release(d.lease, now + 0.01, Outcome.DROPPED, 10.0)
     assert ctl.capacity.limits[0].samples == warm + 4  # the three successes, then the drop, in order
+
+
+def _served_at(ctl: AdmissionController, n: int, now: float, per_s: float) -> float:
+    """n requests at `per_s` a second, nobody queued, each admitted and released SUCCESS."""
+    for _ in range(n):
+        d = ctl.arrive(ticket(expected_ms=10.0), now)
+        assert isinstance(d, Admit)
+        now += 1.0 / per_s
+        ctl.release(d.lease, now, Outcome.SUCCESS, 10.0, Observed(None, None))
+    return now
+
+
+def test_below_the_learning_rate_every_sample_is_learned() -> None:
+    ctl = AdmissionController(make_policy(limit=4), rng=random.Random(0))
+    _served_at(ctl, 300, 1.0, LEARN_PER_S / 2)
+    ctl.flush()
+    assert ctl.models._models["/"].samples == 300 and ctl.counts["not_learned"] == 0
+
+
+def test_above_it_the_models_learn_at_that_rate_and_the_limits_from_every_sample() -> None:
+    ctl = AdmissionController(make_policy(limit=4, kind="gradient"), rng=random.Random(0))
+    model = ctl.models._models["/"]
+    warm = model._warmup
+    now = _served_at(ctl, warm, 1.0, 10.0)  # warm-up: every sample, whatever the rate
+    assert model.samples == warm
+    seconds, rate = 2.0, 10 * LEARN_PER_S
+    _served_at(ctl, int(seconds * rate), now + 1.0, rate)
+    ctl.flush()
+    learned = model.samples - warm
+    # The credit starts full after the idle second (LEARN_BURST), then refills at LEARN_PER_S.
+    assert abs(learned - (LEARN_BURST + seconds * LEARN_PER_S)) <= 2
+    assert ctl.counts["not_learned"] == int(seconds * rate) - learned
+    assert ctl.capacity.limits[0].samples == warm + int(seconds * rate)  # the limit takes every one
+
+
+def test_a_judging_sample_is_learned_even_with_no_credit_left() -> None:
+    ctl = AdmissionController(make_policy(limit=4), rng=random.Random(0))
+    model = ctl.models._models["/"]
+    warm = model._warmup
+    now = _served_at(ctl, warm + 200, 1.0, 100 * LEARN_PER_S)  # the credit is spent
+    ctl.flush()
+    before = model.samples
+    assert ctl._learn_credit < 1.0
+    model.samples = 0  # as if the route were still unjudged: its next answer is a judging one
+    model._warmup = 5
+    _served_at(ctl, 1, now, 100 * LEARN_PER_S)
+    assert model.samples == 1  # learned at once, with no credit
+    assert before < warm + 200
