@@ -22,6 +22,7 @@ import trio
 from prometheus_client.core import GaugeMetricFamily
 
 from proxy.core import deadline as dl
+from proxy.core import wire
 from proxy.core.arrival import service_key
 from proxy.core.decisions import Ticket
 from proxy.metrics import PREFIX, SPECS
@@ -30,6 +31,9 @@ from proxy.policy import shedding as shedding_policy
 QUANTILES = (0.5, 0.9, 0.99)
 _SPEC = next(spec for spec in SPECS if spec.name == "pod_latency_quantile_seconds")
 KINDS = ("service", "queue", "end_to_end")
+_HINT_MS = wire.TIMEOUT_HINT_MS.encode()
+_HINT_KEY = wire.TIMEOUT_HINT_KEY.encode()
+_Field = tuple[bytes, bytes]
 
 
 class Observatory:
@@ -44,6 +48,10 @@ class Observatory:
         self.families = {kind: shedding_policy.latency_family(latency_policy) for kind in KINDS}
         self.service = self.families["service"]
         self._queue, self._end_to_end = self.families["queue"], self.families["end_to_end"]
+        # key -> (reuse until, the hint's two response fields): a p99's answer is reused for
+        # quantile_refresh_ms anyway (proxy/core/quantiles.py), and so is what is made of it.
+        self._hints: dict[tuple[str, int], tuple[float, tuple[_Field, _Field]]] = {}
+        self._hint_refresh_s = latency_policy.quantile_refresh_ms / 1000.0
 
     def record(self, ticket: Ticket, queue_ms: float, service_ms: float | None, now: float, key: object = None) -> None:
         """One request's waits; `key`: its service_key when the caller has it already."""
@@ -53,12 +61,24 @@ class Observatory:
             self.service.record(key, service_ms, now)
             self._end_to_end.record(key, queue_ms + service_ms, now)
 
-    def timeout_hint_ms(self, ticket: Ticket, now: float, fallback_ms: float, key: object = None) -> int:
+    def hint_fields(self, key: tuple[str, int], now: float, fallback_ms: float) -> tuple[_Field, _Field]:
+        """`x-rampmeter-timeout-hint-ms` and `-key` for a request of latency key `key` (its end-to-end
+        p99 x timeout_hint_factor; `fallback_ms`, the request's own expected time, while the key has
+        too few samples). Made once per key and refresh: per request it is a dictionary lookup."""
+        cached = self._hints.get(key)
+        if cached is not None and now < cached[0]:
+            return cached[1]
+        p99 = self._end_to_end.quantile(key, 0.99, now)
         p = self.policy
-        p99 = self._end_to_end.quantile(service_key(ticket) if key is None else key, 0.99, now)
-        return dl.timeout_hint_ms(
+        ms = dl.timeout_hint_ms(
             fallback_ms if p99 is None else p99, p.timeout_hint_factor, p.timeout_hint_min_ms, p.timeout_hint_max_ms
         )
+        fields = ((_HINT_MS, b"%d" % ms), (_HINT_KEY, wire.hint_key(*key)))
+        if p99 is not None and self._hint_refresh_s > 0:  # a fallback is the request's own: not kept
+            if len(self._hints) >= p.max_keys:  # bounded as the families are (latency.max_keys)
+                self._hints.clear()
+            self._hints[key] = (now + self._hint_refresh_s, fields)
+        return fields
 
     def statistics(self, now: float) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -50,7 +50,6 @@ client's retry, and its lease ends when the server is really done.
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -81,19 +80,12 @@ log = logging.getLogger("rampmeter.request")
 _events = RateLimitedLog(log)
 
 _QUEUE_MS = wire.QUEUE_MS.encode()
-_HINT_MS = wire.TIMEOUT_HINT_MS.encode()
-_HINT_KEY = wire.TIMEOUT_HINT_KEY.encode()
 _FAILED = (Outcome.ERROR, Outcome.REFUSED)
 _JSON = [(b"content-type", b"application/json")]
 _NOT_SERVED = (
     b'{"error": {"type": "invalid_request_error", "code": "not_found", '
     b'"message": "this path is not served here (listen.served_paths)"}}'
 )
-
-
-@functools.lru_cache(maxsize=1024)  # (route, cost bucket): routes come from the policy, buckets are <= 41
-def _hint_key(key: tuple[str, int]) -> bytes:
-    return wire.hint_key(*key)
 
 
 class ResponseAborted(ResponseCut):
@@ -308,12 +300,8 @@ class RequestPath:
         queue_ms, upstream = lease.queue_ms, lease.upstream  # the lease's fields, not the Slot's properties
         edge.note_admitted(upstream, queue_ms)
         key = ticket.key  # (route, cost bucket): the hint, its key header and the latency windows
-        hint = p.observatory.timeout_hint_ms(ticket, now, lease.service_ms + queue_ms, key)
-        extra = [
-            (_QUEUE_MS, b"%d" % queue_ms),
-            (_HINT_MS, b"%d" % hint),
-            (_HINT_KEY, _hint_key(key)),
-        ]
+        hint, hint_key = p.observatory.hint_fields(key, now, lease.service_ms + queue_ms)
+        extra = [(_QUEUE_MS, b"%d" % queue_ms), hint, hint_key]
         timeout_s = p.policy.upstreams[upstream].timeout_s
         if not isinstance(body, bytes):  # a streamed body that arrived whole while it queued goes as bytes
             body = await passthrough.settle(body, request)
