@@ -239,7 +239,11 @@ class AdmissionController:
         now = self._now if now is None else now
         tid, models, route, units = next(self._ticket_ids), self.models, cost.route, float(cost.units)
         expected = models.expected_ms(route, cost.prompt_tokens, cost.output_tokens, units, now)
-        if deadline != math.inf and models.probe(route, cost.prompt_tokens, cost.output_tokens, tid, deadline, now):
+        if (
+            deadline != math.inf
+            and route not in models.settled  # settled: no floor, so no probe (ServiceModels.settled)
+            and models.probe(route, cost.prompt_tokens, cost.output_tokens, tid, deadline, now)
+        ):
             expected = models.expected_ms(route, cost.prompt_tokens, cost.output_tokens, units)  # a probe: no floor
         return Ticket(tid, klass, cost, expected, deadline, budget_ms, tenant)
 
@@ -275,6 +279,7 @@ class AdmissionController:
             return None
         if not (
             ticket.deadline == math.inf  # _held, as in arrive
+            or ticket.cost.route in self.models.settled  # judged, read without a call
             or self._probes.get(ticket.cost.route, 0) < self._unjudged_in_flight
             or self.models.judged(ticket.cost.route)
         ):
@@ -400,10 +405,12 @@ class AdmissionController:
             )
             samples = self._samples
             samples.append((i, rtt_ms / per, inflight, t, rtt_ms, observed, now))
-            if (
-                probe
-                or self.models.warming(t.cost.route)
-                or self.models.floored(t.cost.route, t.cost.prompt_tokens, t.cost.output_tokens)
+            route = t.cost.route
+            if probe or (
+                route not in self.models.settled  # settled: past warm-up, no floor standing
+                and (
+                    self.models.warming(route) or self.models.floored(route, t.cost.prompt_tokens, t.cost.output_tokens)
+                )
             ):  # a judging answer (a probe, a model in warm-up, a shape a censored floor condemns): learned
                 self._must_learn = True  # whatever the rate (see _fold), and at once: it moves the next estimates
                 self._fold()
@@ -613,7 +620,9 @@ class AdmissionController:
         self._leases[lease.id] = lease
         self._charges[lease.id] = charge
         self.load.inflight_expected_ms += ticket.expected_ms
-        if ticket.deadline != math.inf and not self.models.judged(ticket.cost.route):  # a probe of an unjudged route
+        route = ticket.cost.route
+        if ticket.deadline != math.inf and route not in self.models.settled and not self.models.judged(route):
+            # a probe of an unjudged route
             self._probe_leases.add(lease.id)
             self._probes[ticket.cost.route] = self._probes.get(ticket.cost.route, 0) + 1
         self.counts["admitted"] += 1
@@ -690,6 +699,8 @@ class AdmissionController:
         c = ticket.cost
         p99 = None if self.service is None else self.service.quantile(ticket.key, 0.99, now)
         estimate = dl.service_estimate_ms(p99, ticket.expected_ms)
+        if c.route in self.models.settled:  # no censored floor on it (ServiceModels.settled)
+            return estimate
         return max(estimate, self.models.floor_ms(c.route, c.prompt_tokens, c.output_tokens, now, ticket.id))
 
     def _reject(self, verdict: Reject) -> Reject:

@@ -417,12 +417,23 @@ class ServiceModels:
     """One `ServiceModel` per route (keyed by path_prefix), kept across reloads
     unless the route's priors or the model settings change."""
 
-    __slots__ = ("_models", "_routes", "_settings")
+    __slots__ = ("_models", "_routes", "_settings", "settled")
 
     def __init__(self) -> None:
         self._models: dict[str, ServiceModel] = {}
         self._routes: dict[str, object] = {}
         self._settings: tuple[int, float] | None = None
+        # Routes whose model is past warm-up and was never taught a censored floor: for them
+        # judged() is True, warming(), floored() and probe() are False and floor_ms() is 0, which the
+        # controller reads from this set on its per-request path instead of asking (issue 16).
+        self.settled: set[str] = set()
+
+    def _settle(self, route: str, model: ServiceModel) -> None:
+        """Keep `settled` true to the model's state after it learned or was cut."""
+        if model.samples > 0 and model.samples >= model._warmup and not model.floors.informative:
+            self.settled.add(route)
+        else:
+            self.settled.discard(route)
 
     def configure(self, routes: Iterable[Any], memory_samples: int, prior_samples: float) -> None:
         settings = (memory_samples, prior_samples)
@@ -433,6 +444,9 @@ class ServiceModels:
             models[key] = self._models[key] if keep else ServiceModel.from_route(route, *settings)
         self._models, self._settings = models, settings
         self._routes = {r.path_prefix: r for r in routes}
+        self.settled = set()
+        for key, model in models.items():
+            self._settle(key, model)
 
     def expected_ms(
         self, route: str, prompt_tokens: int, requested_output_tokens: int, fallback: float, now: float | None = None
@@ -482,7 +496,10 @@ class ServiceModels:
     def censored(self, route: str, prompt_tokens: int, requested_output_tokens: int, cut_ms: float, now: float) -> bool:
         """A request cut after `cut_ms` upstream; True when it raised a floor."""
         model = self._models.get(route)
-        return model is not None and model.observe_censored(prompt_tokens, requested_output_tokens, cut_ms, now)
+        if model is None or not model.observe_censored(prompt_tokens, requested_output_tokens, cut_ms, now):
+            return False
+        self._settle(route, model)
+        return True
 
     def seed(self, route: str, prompt_tokens: int, requested_output_tokens: int, ms: float, now: float) -> None:
         """A warm-up probe of this shape took `ms`: a sample before any real traffic."""
@@ -529,6 +546,7 @@ class ServiceModels:
         model.observe(prompt, output, ms, expected_ms)
         if now is not None and model.floors.informative:  # else there is no floor to fade
             model.floors.completed(shape_bucket(prompt_tokens, requested_output_tokens), ms, now)
+        self._settle(route, model)
 
     def learn_many(
         self, samples: Sequence[tuple[str, int, int, float, float, int | None, int | None, float | None]]
@@ -555,7 +573,9 @@ class ServiceModels:
             if now is not None and model.floors.informative:
                 model.floors.completed(shape_bucket(prompt_tokens, requested), ms, now)
         for route, batch in per_model.items():
-            models[route].observe_many(batch)
+            model = models[route]
+            model.observe_many(batch)
+            self._settle(route, model)
 
     def statistics(self, now: float | None = None) -> dict[str, Any]:
         out = {}
