@@ -343,7 +343,11 @@ class RequestPath:
         if result.reason is wire.Reason.DEADLINE_EXPIRED:  # unscoped only: as the scope's cancellation would be
             self._count_rejection(ticket.klass, result.reason)
             return None
-        done_at = trio.current_time()
+        # When the upstream's part ended (the relay read it for the service time, just before the last
+        # client write): the request's end for readiness, the latency windows and goodput, no clock read.
+        done_at = result.ended_at
+        if done_at is None:  # answered for the upstream (a rejection): read now
+            done_at = trio.current_time()
         p.readiness.report_result(upstream, result.outcome not in _FAILED, done_at)
         if result.cut:
             raise ResponseCut("the upstream failed mid-response")  # relay logged it
