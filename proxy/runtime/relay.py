@@ -111,16 +111,33 @@ class Forwarded(Value):
 
 
 class _Completion:
-    """`on_complete`, called at most once, with the result it was called with kept."""
+    """`on_complete`, called at most once, with the result it was called with kept; also what `_relay`
+    calls when the upstream's answer is over (`finished`: the outcome and service time from its status,
+    timed from `started`). One object a request for both (a closure and a holder were two)."""
 
-    __slots__ = ("_callback", "result")
+    __slots__ = ("_callback", "_started", "result")
 
-    def __init__(self, callback: Callable[[Forwarded], None] | None) -> None:
+    def __init__(self, callback: Callable[[Forwarded], None] | None, started: float) -> None:
         self._callback = callback
+        self._started = started
         self.result: Forwarded | None = None
 
     def __call__(self, result: Forwarded) -> Forwarded:
         if self.result is None:
+            self.result = result
+            if self._callback is not None:
+                self._callback(result)
+        return result
+
+    def finished(self, status: int, observed: Observed | None) -> Forwarded:
+        ended_at = trio.current_time()
+        service_ms = (ended_at - self._started) * 1000.0
+        if status in (429, 503):
+            result = Forwarded(Outcome.DROPPED, status, service_ms, ended_at=ended_at)
+        else:
+            outcome = Outcome.ERROR if status >= 500 else Outcome.SUCCESS
+            result = Forwarded(outcome, status, service_ms, observed, ended_at=ended_at)
+        if self.result is None:  # __call__, inline: once per request
             self.result = result
             if self._callback is not None:
                 self._callback(result)
@@ -152,16 +169,8 @@ async def forward(
     if deadline is not None and restamp:
         _restamp_budget(headers, deadline - started)
     cap = started + timeout_s
-    complete = _Completion(on_complete)
-
-    def finished(status: int, observed: Observed | None) -> Forwarded:
-        ended_at = trio.current_time()
-        service_ms = (ended_at - started) * 1000.0
-        if status in (429, 503):
-            return complete(Forwarded(Outcome.DROPPED, status, service_ms, ended_at=ended_at))
-        outcome = Outcome.ERROR if status >= 500 else Outcome.SUCCESS
-        return complete(Forwarded(outcome, status, service_ms, observed, ended_at=ended_at))
-
+    complete = _Completion(on_complete, started)
+    finished = complete.finished
     try:
         if not scoped:  # ended at `bound` by the pool where it can (no scope per request), else by one scope
             bound = cap if deadline is None else min(deadline, cap)
