@@ -102,12 +102,24 @@ _decode = msgspec.json.Decoder(_Body).decode
 SHAPE_KINDS = ("chat", "completions", "embeddings")
 MAX_UNMATCHED_PATHS = 32  # distinct unmatched paths /admin/stats names (Space-Saving counters)
 MAX_PATH_CHARS = 128  # longer paths are cut to this (and marked with "...") before counting
+ROUTE_CACHE = 1024  # distinct paths whose route is remembered (CostEstimator.estimate)
+ROUTE_CACHE_CHARS = 256  # longer paths are matched each time
 
 
 class CostEstimator:
     """Estimates `Cost` for (path, body); built from the policy's routes."""
 
-    __slots__ = ("_catch", "_catch_all", "_fallback", "_fixed", "_max_bytes", "_routes", "_shape_routes", "unmatched")
+    __slots__ = (
+        "_catch",
+        "_catch_all",
+        "_fallback",
+        "_fixed",
+        "_max_bytes",
+        "_route_of",
+        "_routes",
+        "_shape_routes",
+        "unmatched",
+    )
 
     def __init__(self, routes: Sequence[Route], parse_max_bytes: int) -> None:
         # Longest prefix first, so the first match is the most specific route.
@@ -122,6 +134,9 @@ class CostEstimator:
         # A fixed route's cost is the same value for every request: built once, not per request
         # (a frozen dataclass costs a few us to build). Keyed by id(): every route is held above.
         self._fixed: dict[int, Cost] = {}
+        # path -> route_for(path), for the paths a client sends over and over; bounded (ROUTE_CACHE
+        # paths of at most ROUTE_CACHE_CHARS): past that, paths are matched each time, as before.
+        self._route_of: dict[str, Any] = {}
 
     def _fixed_cost(self, route: Any) -> Cost:
         cost = self._fixed.get(id(route))
@@ -142,7 +157,11 @@ class CostEstimator:
         return self._catch
 
     def estimate(self, path: str, body: bytes, hint: int | None = None) -> Cost:
-        route = self.route_for(path)
+        route = self._route_of.get(path)
+        if route is None:
+            route = self.route_for(path)
+            if len(self._route_of) < ROUTE_CACHE and len(path) <= ROUTE_CACHE_CHARS:
+                self._route_of[path] = route
         if route is self._catch_all:
             cost = self._by_shape(route, body)
             self.unmatched.record(path, cost)

@@ -6,10 +6,10 @@ import json
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.cost import Cost, CostEstimator, CostSource
+from proxy.core.cost import ROUTE_CACHE, ROUTE_CACHE_CHARS, Cost, CostEstimator, CostSource
 from proxy.policy.admission import Route, default_routes
 
 CHAT, COMPL, EMB = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
@@ -312,3 +312,25 @@ def test_a_fixed_routes_cost_is_built_once_and_equals_a_fresh_one():
     assert first is again
     catch = est.route_for("/anything")
     assert first == Cost(catch.fixed_tokens, 0, catch.fixed_tokens, CostSource.FIXED, catch.path_prefix)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/embed", "/", "x"]), max_size=30
+    )
+)
+def test_the_remembered_route_is_the_matched_one(paths) -> None:
+    est = CostEstimator(default_routes(), parse_max_bytes=4096)
+    for path in paths:
+        assert est.estimate(path, b"").route == est.estimate(path, b"").route == est.route_for(path).path_prefix
+
+
+def test_the_route_memory_is_bounded_against_a_flood_of_paths() -> None:
+    est = CostEstimator(default_routes(), parse_max_bytes=4096)
+    for i in range(ROUTE_CACHE * 3):
+        est.estimate(f"/v1/chat/completions/{i}", b"")
+    assert len(est._route_of) == ROUTE_CACHE
+    est = CostEstimator(default_routes(), parse_max_bytes=4096)
+    est.estimate("/v1/" + "x" * ROUTE_CACHE_CHARS, b"")
+    assert not est._route_of  # a long path is matched each time, never kept
