@@ -23,12 +23,15 @@ here does I/O or reads a clock.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from proxy.core.quantiles import WindowedQuantiles
 from proxy.core.rates import BucketedRate, DecayedRate
 from proxy.core.shedding import LoadSnapshot
 from proxy.core.sjf import SIZE_BUCKETS, size_bucket
+
+SERVICE_REFRESH_S = 1.0  # how long a service-time quantile (and service_quantiles' pair) is reused
 
 if TYPE_CHECKING:
     from proxy.core.capacity import Capacity
@@ -48,6 +51,8 @@ class LoadEstimator:
         "_drain",
         "_fcfs_multiple",
         "_leaves",
+        "_quantiles",
+        "_quantiles_until",
         "_unit_requests",
         "_window_s",
         "_work_in",
@@ -61,7 +66,8 @@ class LoadEstimator:
         self.waitline, self.capacity = waitline, capacity
         self.inflight_expected_ms = 0.0
         # Completed requests' service time, all routes: the backend's own time scale for shedding.
-        self.service_times = WindowedQuantiles(window_s=60.0, sub_windows=6, refresh_s=1.0)
+        self.service_times = WindowedQuantiles(window_s=60.0, sub_windows=6, refresh_s=SERVICE_REFRESH_S)
+        self._quantiles, self._quantiles_until = (0.0, 0.0), -math.inf  # service_quantiles' pair
         self._window_s = -1.0
         self.configure(policy)
 
@@ -222,9 +228,15 @@ class LoadEstimator:
         return limit <= 0 or sum(cap.requests) < limit
 
     def service_quantiles(self, now: float) -> tuple[float, float]:
-        """(p50, p99) of completed requests' service time (0 when unknown): the CoDel scale."""
+        """(p50, p99) of completed requests' service time (0 when unknown): the CoDel scale. Read per
+        arrival (the gate's quiet pass): the pair is kept for the quantiles' own refresh (SERVICE_REFRESH_S),
+        as each of them is."""
+        if now < self._quantiles_until:
+            return self._quantiles
         times = self.service_times
-        return times.quantile(0.5, now) or 0.0, times.quantile(0.99, now) or 0.0
+        pair = self._quantiles = (times.quantile(0.5, now) or 0.0, times.quantile(0.99, now) or 0.0)
+        self._quantiles_until = now + SERVICE_REFRESH_S
+        return pair
 
     def snapshot(self, now: float, ranked: tuple[str, ...], gpu_memory_fraction: float = 0.0) -> LoadSnapshot:
         """What the shedding rules read, per arrival: O(classes + upstreams), no dicts."""

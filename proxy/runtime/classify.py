@@ -36,7 +36,7 @@ def classify(request: Request, fields: Fields, body: bytes, now: float, schedule
     """The admission ticket for `request`, from the header `fields` the edge read in its one pass
     (proxy/runtime/fields.py); raises wire.HeaderError on a malformed header."""
     priority, timeout, grpc_timeout, cost_hint = fields.priority, fields.timeout, fields.grpc_timeout, fields.cost_hint
-    klass = scheduler.resolve_class(priority)
+    klass = policy.scheduling.default_class if priority is None else scheduler.resolve_class(priority)
     limits = policy.classes[klass]
     budget = dl.budget_ms(timeout, grpc_timeout, default_ms=limits.default_timeout_ms, max_ms=limits.max_timeout_ms)
     hint = None if cost_hint is None else wire.parse_cost_hint(cost_hint)
