@@ -19,7 +19,6 @@ from proxy.core import wire
 from proxy.core.cost import CostSource
 from proxy.core.decisions import Ticket
 from proxy.core.token_bucket import tenant_key
-from proxy.http.messages import Request
 from proxy.policy.schema import Policy
 from proxy.runtime.fields import Fields
 from proxy.runtime.scheduler import Scheduler
@@ -32,9 +31,10 @@ class BodyError(wire.HeaderError):
         super().__init__("request body", problem)
 
 
-def classify(request: Request, fields: Fields, body: bytes, now: float, scheduler: Scheduler, policy: Policy) -> Ticket:
-    """The admission ticket for `request`, from the header `fields` the edge read in its one pass
-    (proxy/runtime/fields.py); raises wire.HeaderError on a malformed header."""
+def classify(path: bytes, fields: Fields, body: bytes, now: float, scheduler: Scheduler, policy: Policy) -> Ticket:
+    """The admission ticket for a request to `path` (its target without the query), from the header
+    `fields` the edge read in its one pass (proxy/runtime/fields.py) and its `body`; raises
+    wire.HeaderError on a malformed header."""
     priority, timeout, grpc_timeout, cost_hint = fields.priority, fields.timeout, fields.grpc_timeout, fields.cost_hint
     klass = policy.scheduling.default_class if priority is None else scheduler.resolve_class(priority)
     limits = policy.classes[klass]
@@ -43,7 +43,7 @@ def classify(request: Request, fields: Fields, body: bytes, now: float, schedule
     # The controller's estimator and ticket directly (scheduler.estimate and .ticket pass them through):
     # two Python calls fewer per request.
     ctl = scheduler.controller
-    cost = ctl.estimator.estimate(request.path.decode("latin-1"), body, hint)
+    cost = ctl.estimator.estimate(path.decode("latin-1"), body, hint)
     if cost.source is CostSource.TOO_DEEP:
         raise BodyError("JSON nested too deeply (the sidecar parses bodies to estimate their cost)")
     tenant = b""

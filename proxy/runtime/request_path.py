@@ -149,14 +149,15 @@ class RequestPath:
             fields = Fields.read(request.headers)
         if is_grpc(fields.content_type):  # a gRPC client gets rejections gRPC-shaped
             sink = grpc_answers.for_request(request, sink)
-        if not self._served.allows(request.path):
+        path = request.path  # split from the target once: the served-paths check and the cost's route
+        if not self._served.allows(path):
             await sink.respond(404, _JSON, _NOT_SERVED)  # listen.served_paths: not the model's to answer
             return
         upload = passthrough.streamed(request, fields, p.batcher.batches)  # gRPC streams: the body goes up as it comes
         body = b"" if upload is not None else await request.body.read_all()
         now = trio.current_time()  # read once: classify, the ticket and admission all run in this step
         try:
-            ticket = classify(request, fields, body, now, p.scheduler, p.policy)
+            ticket = classify(path, fields, body, now, p.scheduler, p.policy)
             request.klass = ticket.klass  # the class label of rampmeter_requests_total
             edge.note_ticket(ticket)  # access log, span
             key = fields.idempotency_key
