@@ -624,7 +624,7 @@ class AdmissionController:
         if ticket.deadline != math.inf and route not in self.models.settled and not self.models.judged(route):
             # a probe of an unjudged route
             self._probe_leases.add(lease.id)
-            self._probes[ticket.cost.route] = self._probes.get(ticket.cost.route, 0) + 1
+            self._probes[route] = self._probes.get(route, 0) + 1
         self.counts["admitted"] += 1
         return lease
 

@@ -428,7 +428,7 @@ class ServiceModels:
         # controller reads from this set on its per-request path instead of asking (issue 16).
         self.settled: set[str] = set()
 
-    def _settle(self, route: str, model: ServiceModel) -> None:
+    def _track(self, route: str, model: ServiceModel) -> None:
         """Keep `settled` true to the model's state after it learned or was cut."""
         if model.samples > 0 and model.samples >= model._warmup and not model.floors.informative:
             self.settled.add(route)
@@ -446,7 +446,7 @@ class ServiceModels:
         self._routes = {r.path_prefix: r for r in routes}
         self.settled = set()
         for key, model in models.items():
-            self._settle(key, model)
+            self._track(key, model)
 
     def expected_ms(
         self, route: str, prompt_tokens: int, requested_output_tokens: int, fallback: float, now: float | None = None
@@ -498,7 +498,7 @@ class ServiceModels:
         model = self._models.get(route)
         if model is None or not model.observe_censored(prompt_tokens, requested_output_tokens, cut_ms, now):
             return False
-        self._settle(route, model)
+        self._track(route, model)
         return True
 
     def seed(self, route: str, prompt_tokens: int, requested_output_tokens: int, ms: float, now: float) -> None:
@@ -546,7 +546,7 @@ class ServiceModels:
         model.observe(prompt, output, ms, expected_ms)
         if now is not None and model.floors.informative:  # else there is no floor to fade
             model.floors.completed(shape_bucket(prompt_tokens, requested_output_tokens), ms, now)
-        self._settle(route, model)
+        self._track(route, model)
 
     def learn_many(
         self, samples: Sequence[tuple[str, int, int, float, float, int | None, int | None, float | None]]
@@ -575,7 +575,7 @@ class ServiceModels:
         for route, batch in per_model.items():
             model = models[route]
             model.observe_many(batch)
-            self._settle(route, model)
+            self._track(route, model)
 
     def statistics(self, now: float | None = None) -> dict[str, Any]:
         out = {}
