@@ -178,7 +178,6 @@ class AdmissionController:
         # Completed samples not yet fed to the limits, load and models (release, _fold).
         self._samples: list[tuple[int, float, int, Ticket, float, Observed | None, float]] = []
         self._learn_credit, self._learn_at = LEARN_BURST, -math.inf  # the models' learning rate (_fold)
-        self._must_learn = False  # the next fold's last sample is learned whatever the rate (release)
         self._newcomer: int | None = None  # the ticket whose own decision arrive() returns
         self._newcomer_admit: Admit | None = None
         self._newcomer_service_ms = 0.0
@@ -412,8 +411,7 @@ class AdmissionController:
                     self.models.warming(route) or self.models.floored(route, t.cost.prompt_tokens, t.cost.output_tokens)
                 )
             ):  # a judging answer (a probe, a model in warm-up, a shape a censored floor condemns): learned
-                self._must_learn = True  # whatever the rate (see _fold), and at once: it moves the next estimates
-                self._fold()
+                self._fold(learn_last=True)  # whatever the rate, and at once: it moves the next estimates
             elif len(samples) >= SAMPLE_BATCH or self.waitline.entries:
                 self._fold()
         elif outcome is Outcome.REFUSED:
@@ -425,9 +423,10 @@ class AdmissionController:
         woken, self.outbox = self.outbox, []  # take_woken(), inline: once per request
         return woken
 
-    def _fold(self) -> None:
+    def _fold(self, learn_last: bool = False) -> None:
         """Feed the completed samples taken since the last fold, in order: each upstream's limit, the
-        load estimator's service times, the route models (one loop per model: ServiceModels.learn_many)."""
+        load estimator's service times, the route models (one loop per model: ServiceModels.learn_many).
+        `learn_last`: the last sample judges its route (release) and is learned whatever the rate."""
         samples = self._samples
         if not samples:
             return
@@ -439,8 +438,7 @@ class AdmissionController:
         # memory (memory_samples) spans at least memory_samples / LEARN_PER_S seconds. The limits and
         # the load estimator still take every sample.
         credit, last = self._learn_credit, self._learn_at
-        judging = samples[-1] if self._must_learn else None  # learned whatever the credit says (release)
-        self._must_learn = False
+        judging = samples[-1] if learn_last else None
         for sample in samples:
             i, latency, inflight, t, rtt_ms, observed, now = sample
             if i < len(limits):  # a reload may have dropped the upstream

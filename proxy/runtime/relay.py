@@ -137,11 +137,7 @@ class _Completion:
         else:
             outcome = Outcome.ERROR if status >= 500 else Outcome.SUCCESS
             result = Forwarded(outcome, status, service_ms, observed, ended_at=ended_at)
-        if self.result is None:  # __call__, inline: once per request
-            self.result = result
-            if self._callback is not None:
-                self._callback(result)
-        return result
+        return self(result)
 
 
 async def forward(
