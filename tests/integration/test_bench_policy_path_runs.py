@@ -20,3 +20,7 @@ def test_policy_path_bench_runs_a_few_requests(tmp_path):
     result = json.loads((out / "result.json").read_text())
     assert result["runs"]["requests"] == 200
     assert {t["name"] for t in result["targets"]} >= {"policy_cpu_us_in_process_http1", "policy_cpu_us_in_process_h2c"}
+    # Every result says how fast the interpreter that measured it runs Python (bench.common.machine).
+    assert result["machine"]["python_step_ns"] > 0
+    assert result["machine"]["python_executable"] == sys.executable
+    assert "ns a step of bench.common.python_step_ns" in (out / "result.md").read_text()
