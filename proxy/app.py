@@ -163,7 +163,7 @@ class App:
         self.tracing = otel.from_environment(version=build.version()) if tracing is ... else tracing
         if self.tracing is not None:
             self.tracing.upstream_name = metrics.upstream
-        access_log = AccessLog(
+        self.access_log = access_log = AccessLog(
             policy.access_log,
             json_format=logs.current_format() == "json",
             upstream_name=metrics.upstream,
@@ -311,7 +311,7 @@ class App:
         self.scheduler.apply_policy(policy, self.gate, self.observatory.service)
         self.dedup.policy = policy.dedup
         self.batcher.configure(policy)
-        self.edge.access_log.configure(policy.access_log, policy.tenants)
+        self.access_log.configure(policy.access_log, policy.tenants)
         self.edge.draining_retry_after_ms = policy.readiness.retry_after_ms
         self.lifecycles.update_policy(policy)
         self.request_path.update(self.collaborators())

@@ -73,7 +73,7 @@ from proxy.http.exchange import ServerContext, answer, request_deadline, request
 from proxy.http.h1parse import END, FramingError, RequestHead, RequestParser
 from proxy.http.h1sink import HIGH_WATER, H1Body, H1Sink, error_response
 from proxy.http.h1write import CONTINUE
-from proxy.http.messages import Request
+from proxy.http.messages import Request, ResponseSink
 
 log = logging.getLogger("rampmeter.server")
 
@@ -582,6 +582,6 @@ class H1ServerConnection:
                 pass
 
 
-async def _options_asterisk(request: Request, sink) -> None:
+async def _options_asterisk(request: Request, sink: ResponseSink) -> None:
     """`OPTIONS *` asks about the server, not a resource (RFC 9110 9.3.7): the methods it serves."""
     await sink.respond(200, [(b"allow", ALLOW)], b"")

@@ -111,6 +111,7 @@ from proxy.errors import ClientGone
 from proxy.http import h2frames, h2rules, hpack_memo, sockio
 from proxy.http.exchange import ServerContext
 from proxy.http.h2stream import H2Sink, H2Stream, build_request
+from proxy.policy.schema import Listen
 
 RECEIVE_SIZE = 65_536
 STREAM_WINDOW = 262_144  # per-stream receive window: the most one stream's body buffer holds
@@ -179,7 +180,8 @@ class _Inbound(FrameBuffer):
         length = int.from_bytes(data[:3], "big")
         return len(data) >= 9 + length or length > self.max_frame_size
 
-    def __next__(self):
+    # A _WholeHeaders is not a Frame: _H2State takes it before h2 could see it (hence the override).
+    def __next__(self) -> hyperframe.frame.Frame | _WholeHeaders:  # type: ignore[override]
         data = self._data
         if len(data) < 9:
             raise StopIteration
@@ -385,12 +387,12 @@ class _Worker:
                     await stream.run(scope)
 
 
-def drain_idle_wait_s(limits) -> float:
+def drain_idle_wait_s(limits: Listen) -> float:
     """How long a draining connection with streams in flight may take to go idle (module doc)."""
     return min(DRAIN_IDLE_WAIT_MAX_S, limits.drain_timeout_s / 4)
 
 
-def flood_limits(limits) -> FloodLimits:
+def flood_limits(limits: Listen) -> FloodLimits:
     """The flood budget's numbers from `[listen]`; the per-work ratios are Envoy's (proxy/core/flood.py)."""
     return FloodLimits(
         control_burst=limits.h2_control_frame_burst,

@@ -44,9 +44,11 @@ also on cancellation; held bytes leave the connection's count exactly once.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import h2.exceptions
+import h2.stream
 import trio
 from h2.connection import ConnectionInputs
 from h2.errors import ErrorCodes
@@ -58,7 +60,7 @@ from proxy.http import h2frames
 from proxy.http.exchange import CLIENT_CLOSED, BufferedBody, answer, run_exchange
 from proxy.http.forward import request_trailers
 from proxy.http.h2rules import Malformed, RequestHead
-from proxy.http.messages import HOP_BY_HOP, Handler, Headers, Request, header_value
+from proxy.http.messages import HOP_BY_HOP, Handler, Headers, Request, ResponseSink, header_value
 
 if TYPE_CHECKING:
     from proxy.http.h2server import H2ServerConnection
@@ -80,7 +82,7 @@ def _status_bytes(status: int) -> bytes:
     return value
 
 
-async def _options_star(request: Request, sink) -> None:
+async def _options_star(request: Request, sink: ResponseSink) -> None:
     """`OPTIONS *` asks about the server itself (RFC 9110 9.3.7): the sidecar answers it."""
     await sink.respond(200, [])
 
@@ -386,7 +388,7 @@ class H2Sink:
             out.append((b"content-length", str(length).encode()))
         self._write_headers(out, end_stream=end)
 
-    def _h2_stream(self):
+    def _h2_stream(self) -> h2.stream.H2Stream:
         """h2's state for this stream; ClientGone once the client reset it or h2 has closed it."""
         if self._request.client_gone:
             raise ClientGone("client reset the stream")
@@ -396,7 +398,9 @@ class H2Sink:
             raise ClientGone(f"stream {self._sid} is closed")
         return state
 
-    def _advance(self, state, conn_input: ConnectionInputs, stream_input: StreamInputs, end_stream: bool) -> None:
+    def _advance(
+        self, state: h2.stream.H2Stream, conn_input: ConnectionInputs, stream_input: StreamInputs, end_stream: bool
+    ) -> None:
         """Move h2's connection and stream state machines as its send_headers / send_data would."""
         try:
             self._conn.h2.state_machine.process_input(conn_input)
@@ -488,7 +492,7 @@ class H2Sink:
         if not conn.send_room():
             await self._wait(conn.send_room)
 
-    async def _wait(self, done) -> None:
+    async def _wait(self, done: Callable[[], bool]) -> None:
         """Until `done()`, as the client makes room; reset CANCEL once nothing moved for the send timeout.
 
         Progress is this stream's held bytes moving; with none held (waiting for the

@@ -48,6 +48,7 @@ import math
 import sys
 from collections import deque
 from collections.abc import AsyncIterable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, Self
 
@@ -79,6 +80,25 @@ class UpstreamResponse(Protocol):
     @property
     def all_received(self) -> bool: ...  # the body has ended and receive() has handed all of it out
     async def aclose(self) -> None: ...
+
+
+class Upstreams(Protocol):
+    """What the relay needs of a pool (proxy/runtime/relay.py): `UpstreamPool`, or a stand-in (tests,
+    bench.policy_path). A pool may also offer `bounds_deadlines(upstream) -> bool` (UpstreamPool does);
+    one that does not bounds nothing, and the relay keeps a scope."""
+
+    def request(
+        self,
+        upstream: int,
+        method: bytes,
+        target: bytes,
+        headers: Headers,
+        body: bytes | AsyncIterable[bytes] = b"",
+        deadline: float = math.inf,
+        trailers: Headers | None = None,
+    ) -> AbstractAsyncContextManager[UpstreamResponse]: ...
+
+    def authority(self, upstream: int) -> bytes: ...
 
 
 @dataclass(frozen=True)

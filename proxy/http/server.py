@@ -286,7 +286,9 @@ class Server:
             protocol_errors=ctx.protocol_errors,
         )
 
-    async def serve(self, address: str, *, reuse_port: bool = False, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(
+        self, address: str, *, reuse_port: bool = False, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Bind `address` and serve until cancelled or shut down.
 
         `reuse_port`: bind with SO_REUSEPORT, so several processes share the port and the

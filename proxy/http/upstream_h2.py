@@ -65,6 +65,7 @@ from h2.connection import AllowedStreamIDs, ConnectionInputs, ConnectionState
 from h2.errors import ErrorCodes
 from h2.frame_buffer import FrameBuffer
 from h2.stream import StreamInputs
+from hyperframe.frame import Frame
 
 from proxy.errors import ProtocolError, UpstreamConnectError, UpstreamProtocolError
 from proxy.http import h2frames, h2rules, hpack_memo, sockio
@@ -139,7 +140,7 @@ class _QuietFrames(FrameBuffer):
     """h2's frame buffer, cutting the common frames without hyperframe (h2frames.cut) and handing
     h2 the rest with a cheap repr (h2frames.quiet)."""
 
-    def __next__(self):
+    def __next__(self) -> Frame:
         data = self._data
         if len(data) >= 9 and not self._headers_buffer:
             length = int.from_bytes(data[:3], "big")

@@ -44,6 +44,7 @@ import logging
 import math
 from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -57,6 +58,12 @@ from proxy.http import forward as fwd
 from proxy.http.messages import Headers, Request, ResponseSink
 from proxy.runtime import relay
 from proxy.runtime.relay import Forwarded
+
+if TYPE_CHECKING:
+    from proxy.http.pool import Upstreams
+    from proxy.metrics import Metrics
+    from proxy.policy.batching import BatchRoute
+    from proxy.policy.schema import Policy
 
 log = logging.getLogger("rampmeter.batcher")
 
@@ -88,7 +95,7 @@ class _Reply:
 class _Route:
     """One `[[batching.routes]]` entry made ready to use."""
 
-    def __init__(self, cfg, estimator: CostEstimator, metrics) -> None:
+    def __init__(self, cfg: BatchRoute, estimator: CostEstimator, metrics: Metrics | None) -> None:
         self.cfg = cfg
         self.path = cfg.path.encode()
         self.codec = codec_for(cfg.kind, cfg.chars_per_token)
@@ -130,7 +137,9 @@ class _Flight:
 class _Waiter:
     __slots__ = ("answer", "body", "event", "flight", "gone", "headers", "part", "pool", "target", "timeout_s")
 
-    def __init__(self, part: Part, body: bytes, pool, target: bytes, headers: Headers, timeout_s: float) -> None:
+    def __init__(
+        self, part: Part, body: bytes, pool: Upstreams, target: bytes, headers: Headers, timeout_s: float
+    ) -> None:
         self.part, self.body, self.pool, self.target = part, body, pool, target
         self.headers, self.timeout_s = headers, timeout_s
         self.event = trio.Event()
@@ -147,7 +156,7 @@ class _Waiter:
 class Batcher:
     """Micro-batching for the routes of `policy.batching`; `forward` is the request path's call."""
 
-    def __init__(self, policy, metrics=None) -> None:
+    def __init__(self, policy: Policy, metrics: Metrics | None = None) -> None:
         self._metrics = metrics
         self._routes: dict[bytes, _Route] = {}
         self._lanes: dict[tuple[bytes, int], _Lane] = {}
@@ -159,7 +168,7 @@ class Batcher:
         self.max_open = 0
         self.configure(policy)
 
-    def configure(self, policy) -> None:
+    def configure(self, policy: Policy) -> None:
         """Take a (reloaded) policy: routes rebuilt; lanes keep their gathering batches and latency curves."""
         estimator = CostEstimator(policy.routes, policy.scheduling.parse_max_bytes)
         self.max_open = policy.batching.max_open_batches
@@ -175,7 +184,7 @@ class Batcher:
 
     async def forward(
         self,
-        pool,
+        pool: Upstreams,
         upstream: int,
         timeout_s: float,
         request: Request,
@@ -237,7 +246,17 @@ class Batcher:
             return "max_open_batches"
         return None
 
-    async def _gather(self, route: _Route, upstream: int, pool, timeout_s, request: Request, body, part: Part, ticket):
+    async def _gather(
+        self,
+        route: _Route,
+        upstream: int,
+        pool: Upstreams,
+        timeout_s: float,
+        request: Request,
+        body: bytes,
+        part: Part,
+        ticket: Ticket,
+    ) -> _Answer:
         lane = self._lanes.get((route.path, upstream))
         if lane is None:
             lane = self._lanes[(route.path, upstream)] = _Lane(route, upstream)
@@ -260,6 +279,7 @@ class Batcher:
             raise
         finally:
             self._waiters.pop(member_id, None)
+        assert waiter.answer is not None  # _Waiter.deliver sets it before the event
         return waiter.answer
 
     def _abandon(self, lane: _Lane, member_id: int, waiter: _Waiter) -> None:
@@ -361,7 +381,16 @@ class Batcher:
             w.deliver(_Answer(reply.status, reply.headers, body, Outcome.SUCCESS, reply.service_ms, observed))
         return reply.service_ms
 
-    async def _call(self, pool, upstream: int, target: bytes, headers, route: _Route, body: bytes, timeout_s: float):
+    async def _call(
+        self,
+        pool: Upstreams,
+        upstream: int,
+        target: bytes,
+        headers: Headers,
+        route: _Route,
+        body: bytes,
+        timeout_s: float,
+    ) -> _Reply | _Answer:
         """The merged upstream call, read whole (bounded): a _Reply, or the _Answer the sidecar gives instead."""
         started = trio.current_time()
         cap = route.cfg.max_response_bytes
@@ -390,7 +419,7 @@ class Batcher:
 
     # --- timers ----------------------------------------------------------------
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
@@ -430,7 +459,7 @@ def _failed(outcome: Outcome, reason: wire.Reason, message: str) -> _Answer:
 class _RouteMetrics:
     """The batching metrics of one route (proxy/metrics.py SPECS), children bound once."""
 
-    def __init__(self, metrics, route: str) -> None:
+    def __init__(self, metrics: Metrics | None, route: str) -> None:
         self._m = metrics
         self._route = route
         self._children: dict[tuple, object] = {}
@@ -441,7 +470,7 @@ class _RouteMetrics:
             self._padding = metrics.batch_padding_tokens.labels(route)
             self._saved = metrics.batch_padding_saved_tokens.labels(route)
 
-    def _child(self, name: str, label: str):
+    def _child(self, name: str, label: str) -> Any:
         key = (name, label)
         child = self._children.get(key)
         if child is None:

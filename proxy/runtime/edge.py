@@ -30,7 +30,8 @@ from __future__ import annotations
 import contextvars
 import functools
 import random
-from typing import Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -40,6 +41,11 @@ from proxy.http import h1write
 from proxy.http.messages import Headers, Request, ResponseSink
 from proxy.runtime import grpc_answers
 from proxy.runtime.fields import Fields
+
+if TYPE_CHECKING:  # annotations only: tracing stays unimported while it is off
+    from proxy.core.decisions import Ticket
+    from proxy.runtime.accesslog import AccessLog
+    from proxy.runtime.tracing import RequestSpan, Tracing
 
 _RID = wire.REQUEST_ID.encode()
 _CLASS = wire.SERVED_CLASS.encode()
@@ -73,7 +79,7 @@ class Exchange:
         self.request = request
         self.request_id = request_id
         self.started = started  # trio time the head was parsed (request.received_at): no clock read per request
-        self.ticket = None  # proxy.core.decisions.Ticket, once classified
+        self.ticket: Ticket | None = None  # once classified
         self.queue_ms: float | None = None
         self.service_ms: float | None = None
         self.upstream: int | None = None
@@ -82,13 +88,13 @@ class Exchange:
         self.reason = ""
         self.bytes_out = 0
         self.first_byte_at: float | None = None  # trio time of the first answer bytes (kept for the span only)
-        self.span = None  # the tracing span, when tracing is on
+        self.span: RequestSpan | None = None  # the tracing span, when tracing is on
 
 
 # --- what the request path tells the running request's record (one line each there) ---------
 
 
-def note_ticket(ticket) -> None:
+def note_ticket(ticket: Ticket) -> None:
     """Classified: class, cost and tenant are known."""
     ex = _CURRENT.get()
     if ex is not None:
@@ -140,7 +146,7 @@ class EdgeSink:
     def headers_sent(self) -> bool:
         return self._sink.headers_sent
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._sink, name)  # what a protocol's sink offers beyond the four calls (trailers)
 
     async def respond(self, status: int, headers: Headers, body: bytes = b"") -> None:
@@ -205,11 +211,11 @@ class Edge:
         self,
         inner: Inner,
         *,
-        access_log=None,
-        tracing=None,
+        access_log: AccessLog | None = None,
+        tracing: Tracing | None = None,
         rng: random.Random | None = None,
         draining_retry_after_ms: int = 1000,
-        on_draining=None,
+        on_draining: Callable[[], None] | None = None,
     ) -> None:
         self.inner = inner
         self.access_log = access_log  # proxy.runtime.accesslog.AccessLog, or None

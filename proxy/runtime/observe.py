@@ -16,7 +16,8 @@ by latency.max_keys per family.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 from prometheus_client.core import GaugeMetricFamily
@@ -28,6 +29,12 @@ from proxy.core.decisions import Ticket
 from proxy.metrics import PREFIX, SPECS
 from proxy.policy import shedding as shedding_policy
 
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics_core import Metric
+
+    from proxy.policy.shedding import Latency
+
 QUANTILES = (0.5, 0.9, 0.99)
 _SPEC = next(spec for spec in SPECS if spec.name == "pod_latency_quantile_seconds")
 KINDS = ("service", "queue", "end_to_end")
@@ -37,12 +44,12 @@ _Field = tuple[bytes, bytes]
 
 
 class Observatory:
-    def __init__(self, latency_policy, registry=None) -> None:
+    def __init__(self, latency_policy: Latency, registry: CollectorRegistry | None = None) -> None:
         self.configure(latency_policy)
         if registry is not None:
             registry.register(_QuantileCollector(self))
 
-    def configure(self, latency_policy) -> None:
+    def configure(self, latency_policy: Latency) -> None:
         """(Re)build the windows from `[latency]`; samples start over."""
         self.policy = latency_policy
         self.families = {kind: shedding_policy.latency_family(latency_policy) for kind in KINDS}
@@ -107,10 +114,10 @@ class _QuantileCollector:
     def __init__(self, observatory: Observatory) -> None:
         self._obs = observatory
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         try:
             now = trio.current_time()
         except RuntimeError:  # scraped from outside trio (tests): nothing to report
@@ -121,7 +128,7 @@ class _QuantileCollector:
                 tracker = family.tracker(key)
                 if tracker is None or not tracker.count(now):
                     continue
-                route, bucket = key
+                route, bucket = cast("tuple[str, int]", key)  # service_key(): (route, cost bucket)
                 for q in QUANTILES:
                     value = tracker.quantile(q, now)
                     if value is not None:

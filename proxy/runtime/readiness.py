@@ -60,7 +60,7 @@ class UpstreamLifecycles:
         states = ", ".join(w.lifecycle.state.value for w in self.warmers)
         return f"<UpstreamLifecycles ready={self.ready} [{states}]>"
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run every upstream's loops; `started()` at once: readiness is `ready`, not this."""
         connections = sum(self.policy.warmup.concurrency + 2 for _ in self.warmers)
         async with new_client(connections, self._transport) as client, trio.open_nursery() as nursery:

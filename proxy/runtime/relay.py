@@ -58,6 +58,7 @@ from proxy.core.values import Value
 from proxy.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from proxy.http import forward as fwd
 from proxy.http.messages import Headers, Request, ResponseSink, header_value
+from proxy.http.pool import UpstreamResponse, Upstreams
 from proxy.http.ratelog import RateLimitedLog
 
 log = logging.getLogger("rampmeter.upstream")
@@ -110,6 +111,10 @@ class Forwarded(Value):
         self.ended_at = ended_at
 
 
+# _Completion.finished: (upstream status, usage) -> the result, once the upstream's part is over.
+_Finished = Callable[[int, Observed | None], Forwarded]
+
+
 class _Completion:
     """`on_complete`, called at most once, with the result it was called with kept; also what `_relay`
     calls when the upstream's answer is over (`finished`: the outcome and service time from its status,
@@ -141,7 +146,7 @@ class _Completion:
 
 
 async def forward(
-    pool,
+    pool: Upstreams,
     upstream: int,
     timeout_s: float,
     request: Request,
@@ -219,9 +224,19 @@ async def forward(
 
 
 async def _exchange(
-    pool, upstream, request, headers, body, sink, extra_headers, finished, *, deadline=None, write_by=None
+    pool: Upstreams,
+    upstream: int,
+    request: Request,
+    headers: Headers,
+    body: bytes | AsyncIterable[bytes],
+    sink: ResponseSink,
+    extra_headers: Headers,
+    finished: _Finished,
+    *,
+    deadline: float | None = None,
+    write_by: float | None = None,
 ) -> Forwarded:
-    args: tuple = () if deadline is None else (deadline,)
+    args: tuple[()] | tuple[float] | tuple[float, Headers] = () if deadline is None else (deadline,)
     if request.trailers:  # the client's request trailers go up after the body (rare: gRPC sends none)
         args = (math.inf if deadline is None else deadline, fwd.request_trailers(request.trailers))
     async with pool.request(upstream, request.method, request.target, headers, body, *args) as resp:
@@ -263,7 +278,9 @@ async def _answer(sink: ResponseSink, complete: _Completion, outcome: Outcome, r
     return result
 
 
-async def _relay(resp, sink: ResponseSink, headers: Headers, finished, write_by: float | None = None) -> Forwarded:
+async def _relay(
+    resp: UpstreamResponse, sink: ResponseSink, headers: Headers, finished: _Finished, write_by: float | None = None
+) -> Forwarded:
     """Copy the response to the client as it arrives; `finished(status, usage)` before the last write.
 
     Fast path: a response whose whole body came with its first read (the common
@@ -301,7 +318,9 @@ async def _relay(resp, sink: ResponseSink, headers: Headers, finished, write_by:
         return await _stream(resp, sink, headers, finished, first)
 
 
-async def _stream(resp, sink: ResponseSink, headers: Headers, finished, first: bytes) -> Forwarded:
+async def _stream(
+    resp: UpstreamResponse, sink: ResponseSink, headers: Headers, finished: _Finished, first: bytes
+) -> Forwarded:
     """The streamed answer: head, then each upstream chunk as it comes, then the end or trailers."""
     await sink.start(resp.status, headers)
     send, receive = sink.send, resp.receive  # bound once: the loop runs once per chunk

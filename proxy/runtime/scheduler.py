@@ -43,7 +43,7 @@ import math
 import random
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -66,6 +66,9 @@ from proxy.core.quantiles import LatencyFamily
 from proxy.core.wire import Reason
 
 if TYPE_CHECKING:
+    from proxy.core.balancer import Balancer
+    from proxy.metrics import Metrics
+    from proxy.policy.schema import Policy
     from proxy.runtime.relay import Forwarded
 
 
@@ -179,12 +182,12 @@ class _Waiter:
 class Scheduler:
     def __init__(
         self,
-        policy,
+        policy: Policy,
         upstream_count: int | None = None,
         *,
         rng: random.Random | None = None,
-        metrics=None,
-        balancer=None,
+        metrics: Metrics | None = None,
+        balancer: Balancer | None = None,
         gate: Gate | None = None,
         service: LatencyFamily | None = None,
     ) -> None:
@@ -196,7 +199,7 @@ class Scheduler:
         self._phantom_changed = trio.Event()
         self._m = _Instruments(metrics, self.controller) if metrics is not None else None
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """End phantom leases on time (see the module docstring); runs until cancelled."""
         task_status.started()
         ctl = self.controller
@@ -267,7 +270,7 @@ class Scheduler:
         if self._m:
             self._m.limit_changes(index)
 
-    def apply_policy(self, policy, gate: Gate | None = None, service: LatencyFamily | None = None) -> None:
+    def apply_policy(self, policy: Policy, gate: Gate | None = None, service: LatencyFamily | None = None) -> None:
         """A reloaded policy, with the gate and service-time family built for it (None: keep)."""
         ctl = self.controller
         self._deliver(ctl.apply_policy(policy, trio.current_time(), gate, service))
@@ -399,7 +402,7 @@ class _Instruments:
     plain numbers), so admitting and releasing cost a few additions here.
     """
 
-    def __init__(self, metrics, controller: AdmissionController) -> None:
+    def __init__(self, metrics: Metrics, controller: AdmissionController) -> None:
         self._ctl = controller
         self._metrics = metrics
         self.unknown_priority = metrics.unknown_priority
@@ -410,7 +413,7 @@ class _Instruments:
         self._limits = [controller.capacity.limit(i) for i in range(controller.upstream_count)]
         self.everything()
 
-    def _child(self, name: str, *labels: str):
+    def _child(self, name: str, *labels: str) -> Any:
         key = (name, *labels)
         child = self._children.get(key)
         if child is None:
