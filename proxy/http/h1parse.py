@@ -63,6 +63,7 @@ neither Content-Length nor chunked ends when the upstream closes (`eof()`).
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 import httptools
 
@@ -219,7 +220,7 @@ class RequestParser:
 
     def __init__(self, max_header_bytes: int) -> None:
         self.max_header_bytes = max_header_bytes
-        self.events: deque = deque()
+        self.events: deque[Any] = deque()  # RequestHead | bytes | END | FramingError (module doc), told apart by type()
         self.failed = False
         self._p = httptools.HttpRequestParser(self)
         self.in_head = self._in_body = False  # in_head: a request head has begun and is not complete

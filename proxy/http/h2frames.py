@@ -152,7 +152,11 @@ CUT = {
 }
 
 
-def cut(buf: bytearray, length: int, kind: int, flags: int, stream_id: int):
+# What `cut` makes: frames h2 takes as the hyperframe classes they stand for (CUT, quiet_dispatch).
+Light = DataIn | HeadersIn | WindowIn | PingIn
+
+
+def cut(buf: bytearray, length: int, kind: int, flags: int, stream_id: int) -> Light | None:
     """The whole frame at the start of `buf` (header already read: its `length`, `kind`, `flags` and
     31-bit `stream_id`) as a light frame, removed from `buf`; None, `buf` untouched, where hyperframe
     must parse it (module doc). The caller checked that the whole frame is buffered, that its
@@ -160,7 +164,7 @@ def cut(buf: bytearray, length: int, kind: int, flags: int, stream_id: int):
     if kind == DATA:
         if flags & _PADDED or not stream_id:
             return None
-        frame: object = DataIn(stream_id, bytes(buf[9 : 9 + length]), bool(flags & END_STREAM))
+        frame: Light = DataIn(stream_id, bytes(buf[9 : 9 + length]), bool(flags & END_STREAM))
     elif kind == HEADERS:
         if flags & (_PADDED | _PRIORITY) or not flags & END_HEADERS or not stream_id:
             return None
@@ -207,7 +211,7 @@ QUIET: dict[type, type] = {
 }
 
 
-def quiet(frame):
+def quiet(frame: hyperframe.frame.Frame) -> hyperframe.frame.Frame:
     """The same frame, of its QUIET subclass where it has one (hyperframe frames have no __slots__:
     same layout, so the class can be swapped in place)."""
     cls = QUIET.get(frame.__class__)

@@ -93,6 +93,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from typing import Any
 
 import h2.config
 import h2.connection
@@ -278,7 +279,7 @@ class _H2State(h2.connection.H2Connection):
         """Drop the closed streams h2 still holds: its own count of open streams prunes as it scans."""
         super().open_inbound_streams  # noqa: B018 - the property's scan is the point
 
-    def _receive_whole_headers(self, frame: _WholeHeaders) -> tuple[list, list]:
+    def _receive_whole_headers(self, frame: _WholeHeaders) -> tuple[list[Any], list[h2.events.Event]]:
         """h2's `_receive_headers_frame` for a new stream's head (the same steps, in order); anything
         else (trailers, a HEADERS on a known or closed stream) goes to h2's own as a real frame."""
         sid = frame.stream_id

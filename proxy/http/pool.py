@@ -47,10 +47,11 @@ from __future__ import annotations
 import math
 import sys
 from collections import deque
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol, Self
+from types import TracebackType
+from typing import Any, Protocol, Self, TypeVar
 
 import trio
 
@@ -69,6 +70,7 @@ _BYTES_LIKE = (bytes, bytearray, memoryview)
 # and costs at most a new connection, so a handful is cheap; a bound, not a loop, for an
 # upstream that refuses every stream.
 MAX_UNPROCESSED_RETRIES = 8
+_C = TypeVar("_C")  # a connection, as its opener makes it
 
 
 class UpstreamResponse(Protocol):
@@ -178,7 +180,7 @@ class _Upstream:
         self.outcomes[outcome].inc()
         self.duration.observe(now - resp.started_at)
 
-    async def _connect_timed(self, opener: Any) -> Any:
+    async def _connect_timed(self, opener: Callable[[], Awaitable[_C]]) -> _C:
         with trio.move_on_after(self.connect_timeout_s):
             return await opener()
         raise UpstreamConnectError(
@@ -498,7 +500,7 @@ class _Exchange:
 
     __slots__ = ("_args", "_resp", "_up")
 
-    def __init__(self, up: Any, args: tuple[Any, ...]) -> None:
+    def __init__(self, up: _H1Upstream | _H2Upstream, args: tuple[Any, ...]) -> None:
         self._up, self._args = up, args
 
     async def __aenter__(self) -> UpstreamResponse:
@@ -520,7 +522,7 @@ class UpstreamPool:
         self.deadlines = DeadlineKeeper()
         self._reap_at = -math.inf  # no reaper yet: nothing to wake
         self._reap_wake: trio.Event | None = None
-        self._nursery_cm: Any = None
+        self._nursery_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
 
     async def __aenter__(self) -> Self:
         self.now = trio.lowlevel.current_clock().current_time
@@ -531,13 +533,16 @@ class UpstreamPool:
         self.nursery.start_soon(self.deadlines.run)
         return self
 
-    async def __aexit__(self, *exc_info: object) -> bool | None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
         self.closed = True
         for up in self._ups:
             up.close_all()
         assert self.nursery is not None
         self.nursery.cancel_scope.cancel()
-        return await self._nursery_cm.__aexit__(*exc_info)
+        assert self._nursery_cm is not None
+        return await self._nursery_cm.__aexit__(exc_type, exc, tb)
 
     def request(
         self,

@@ -88,6 +88,7 @@ import logging
 import resource
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 from trio.testing import wait_all_tasks_blocked  # the runner's own idle test (module doc, accept priority)
@@ -152,7 +153,7 @@ def parse_address(address: str) -> tuple[str | None, int]:
     return (None if host in ("", "*") else host), int(port)
 
 
-def format_address(sockname: tuple) -> str:
+def format_address(sockname: tuple[Any, ...]) -> str:
     host, port = sockname[0], sockname[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 

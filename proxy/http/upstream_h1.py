@@ -380,7 +380,7 @@ class H1Response:
         self.closed = False
         self.owner: Any = None
         self.started_at = 0.0
-        self.deadline_entry: list | None = None  # the pool's deadline keeper entry, disarmed at release
+        self.deadline_entry: list[Any] | None = None  # the pool's deadline keeper entry, disarmed at release
 
     async def receive(self) -> bytes:
         """The body bytes that have arrived, as soon as there are any; b"" once the body has ended.

@@ -140,7 +140,8 @@ class _QuietFrames(FrameBuffer):
     """h2's frame buffer, cutting the common frames without hyperframe (h2frames.cut) and handing
     h2 the rest with a cheap repr (h2frames.quiet)."""
 
-    def __next__(self) -> Frame:
+    # A light frame is not a Frame: h2's dispatch takes it as the class it stands for (quiet_dispatch).
+    def __next__(self) -> Frame | h2frames.Light:  # type: ignore[override]
         data = self._data
         if len(data) >= 9 and not self._headers_buffer:
             length = int.from_bytes(data[:3], "big")

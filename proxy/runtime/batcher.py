@@ -439,7 +439,7 @@ class Batcher:
 
     # --- introspection ---------------------------------------------------------
 
-    def statistics(self) -> dict:
+    def statistics(self) -> dict[str, Any]:
         now = trio.current_time()
         return {
             "routes": [r.cfg.path for r in self._routes.values()],
@@ -462,7 +462,7 @@ class _RouteMetrics:
     def __init__(self, metrics: Metrics | None, route: str) -> None:
         self._m = metrics
         self._route = route
-        self._children: dict[tuple, object] = {}
+        self._children: dict[tuple[str, str], Any] = {}
         if metrics is not None:
             self._items = metrics.batch_items.labels(route)
             self._tokens = metrics.batch_tokens.labels(route)

@@ -280,7 +280,7 @@ class Scheduler:
         if self._m:
             self._m.everything()
 
-    def statistics(self) -> dict:
+    def statistics(self) -> dict[str, Any]:
         return {**self.controller.statistics(trio.current_time()), "waiters": len(self._waiters)}
 
     def __repr__(self) -> str:
@@ -406,8 +406,8 @@ class _Instruments:
         self._ctl = controller
         self._metrics = metrics
         self.unknown_priority = metrics.unknown_priority
-        self._children: dict[tuple, object] = {}
-        self._per_class: dict[str, tuple] = {}  # class -> (admitted, queue_wait_seconds) children
+        self._children: dict[tuple[str, ...], Any] = {}
+        self._per_class: dict[str, tuple[Any, Any]] = {}  # class -> (admitted, queue_wait_seconds) children
         self._service_error = metrics.cost_estimate_error_ratio.labels("service_time")
         self._tokens_error = metrics.cost_estimate_error_ratio.labels("output_tokens")
         self._limits = [controller.capacity.limit(i) for i in range(controller.upstream_count)]

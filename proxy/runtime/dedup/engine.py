@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -48,6 +48,7 @@ from proxy.runtime.dedup.outcomes import DedupOutcome, Follower, Identity, Leade
 from proxy.runtime.dedup.replay_cache import ReplayCache, keep_until
 from proxy.runtime.dedup.store import Store, StoreUnavailable
 
+_O = TypeVar("_O")  # a claim outcome, passed through _count
 log = logging.getLogger("rampmeter.dedup")
 
 _KEY, _TENANT, _AUTH = wire.IDEMPOTENCY_KEY.encode(), wire.TENANT.encode(), b"authorization"
@@ -176,7 +177,7 @@ class Deduplicator:
         self._in_flight.set(len(self._flights))
         return self._count("fail_open" if degraded else "lead", Leader(LeaderHandle(self._finish, flight, degraded)))
 
-    def _count(self, decision: str, outcome: Any) -> Any:
+    def _count(self, decision: str, outcome: _O) -> _O:
         self._decisions[decision].inc()
         self._counts[decision] += 1
         return outcome
@@ -215,7 +216,7 @@ class Deduplicator:
             if verdict is core.Verdict.STORED:
                 stored, asked_at = flight.stored(), self._clock()
                 # False: the lease lapsed and the key moved on to another leader.
-                kept = await call(
+                kept: bool = await call(
                     "complete", self._store.complete, flight.scope, flight.token, flight.fingerprint, stored, ttl_s
                 )
                 if kept:  # unknown (StoreUnavailable) or lost: another replica may store a different record
