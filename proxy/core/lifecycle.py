@@ -132,7 +132,7 @@ class UpstreamLifecycle:
         self.ramp_window_s = ramp_window_s
         self.ready = False
         self._health_failures = 0
-        self._request_failures = 0
+        self.request_failures = 0  # the failure streak so far (public: readiness reads it per request)
         self._identity: tuple[str, ...] | None = None
         self._losses = 0
         self._warmups = 0
@@ -140,7 +140,7 @@ class UpstreamLifecycle:
     def __repr__(self) -> str:
         return (
             f"<UpstreamLifecycle {self.state.value} since={self.since:.3f} "
-            f"health_failures={self._health_failures} request_failures={self._request_failures}>"
+            f"health_failures={self._health_failures} request_failures={self.request_failures}>"
         )
 
     # --- observations -------------------------------------------------------
@@ -170,10 +170,10 @@ class UpstreamLifecycle:
         """A request outcome from the request path (connect failure or 5xx = not ok)."""
         # Hot path (called per request): no allocation unless something happens.
         if ok:
-            self._request_failures = 0
+            self.request_failures = 0
             return _NOTHING
-        self._request_failures += 1
-        if self._request_failures >= self.failure_streak and self.state not in (State.COLD, State.UNHEALTHY):
+        self.request_failures += 1
+        if self.request_failures >= self.failure_streak and self.state not in (State.COLD, State.UNHEALTHY):
             return (self._fire(now, Event.FAILURE_STREAK),)
         return _NOTHING
 
@@ -199,7 +199,7 @@ class UpstreamLifecycle:
             self.state, self.since = after, now
             self.ready = after in READY_STATES
             # A streak belongs to the state it was seen in; a fresh state starts clean.
-            self._health_failures = self._request_failures = 0
+            self._health_failures = self.request_failures = 0
             if after is State.RAMPING:
                 self._warmups += 1
             if event in _LOSS_EVENTS and before in _LOSABLE:
@@ -212,7 +212,7 @@ class UpstreamLifecycle:
             since=self.since,
             ready=self.ready,
             health_failures=self._health_failures,
-            request_failures=self._request_failures,
+            request_failures=self.request_failures,
             identity=self._identity,
             losses=self._losses,
             warmups=self._warmups,

@@ -159,6 +159,7 @@ class Batcher:
     def __init__(self, policy: Policy, metrics: Metrics | None = None) -> None:
         self._metrics = metrics
         self._routes: dict[bytes, _Route] = {}
+        self.enabled = False
         self._lanes: dict[tuple[bytes, int], _Lane] = {}
         self._waiters: dict[int, _Waiter] = {}
         self._ids = itertools.count(1)
@@ -173,6 +174,7 @@ class Batcher:
         estimator = CostEstimator(policy.routes, policy.scheduling.parse_max_bytes)
         self.max_open = policy.batching.max_open_batches
         self._routes = {r.path.encode(): _Route(r, estimator, self._metrics) for r in policy.batching.routes}
+        self.enabled = bool(self._routes)  # some route batches: `batches()` is worth asking (the request path)
         for (path, _), lane in self._lanes.items():
             route = self._routes.get(path)
             if route is not None:

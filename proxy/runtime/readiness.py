@@ -93,7 +93,10 @@ class UpstreamLifecycles:
     def report_result(self, index: int, ok: bool, now: float | None = None) -> None:
         """From the request path: ok=False for a connect failure or a 5xx from upstream `index`
         (`now`: the trio time the caller read already, else read here)."""
-        self.warmers[index].report_result(ok, now)
+        warmer = self.warmers[index]
+        if ok and not warmer.lifecycle.request_failures:  # per request: a success with no streak to end
+            return  # changes nothing (UpstreamLifecycle.request_result), so it is not asked
+        warmer.report_result(ok, now)
 
     def limit_factor(self, index: int) -> float:
         return self.warmers[index].limit_factor(trio.current_time())

@@ -150,7 +150,7 @@ class RequestPath:
         if is_grpc(fields.content_type):  # a gRPC client gets rejections gRPC-shaped
             sink = grpc_answers.for_request(request, sink)
         path = request.path  # split from the target once: the served-paths check and the cost's route
-        if not self._served.allows(path):
+        if self._served.prefixes and not self._served.allows(path):  # none: every path is served
             await sink.respond(404, _JSON, _NOT_SERVED)  # listen.served_paths: not the model's to answer
             return
         upload = passthrough.streamed(request, fields, p.batcher.batches)  # gRPC streams: the body goes up as it comes
@@ -227,7 +227,7 @@ class RequestPath:
         read in this same step, with no checkpoint since, which admission then uses)."""
         p = self._parts if parts is None else parts
         readiness, scheduler = p.readiness, p.scheduler
-        if readiness.ready and not outlive and not p.batcher.batches(request):
+        if readiness.ready and not outlive and not (p.batcher.enabled and p.batcher.batches(request)):
             # The fast path, no cancel scope: a queued wait ends at the controller's expiry, the pool
             # bounds the exchange by the deadline, the HTTP/1.1 server the client's writes
             # (Request.deadline), and for an HTTP/2 client the relay (a clock check before a single
