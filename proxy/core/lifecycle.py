@@ -167,7 +167,9 @@ class UpstreamLifecycle:
         return out
 
     def request_result(self, now: float, ok: bool) -> Sequence[Transition]:
-        """A request outcome from the request path (connect failure or 5xx = not ok)."""
+        """A request outcome from the request path (connect failure or 5xx = not ok). A success with
+        `request_failures` at 0 changes nothing, and readiness does not report it (the per-request
+        shortcut in proxy/runtime/readiness.py relies on this: keep it true or drop the shortcut)."""
         # Hot path (called per request): no allocation unless something happens.
         if ok:
             self.request_failures = 0

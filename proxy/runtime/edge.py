@@ -218,8 +218,8 @@ class Edge:
         on_draining: Callable[[], None] | None = None,
     ) -> None:
         self.inner = inner
-        self.access_log = access_log  # proxy.runtime.accesslog.AccessLog, or None
-        self.tracing = tracing  # proxy.runtime.tracing.Tracing, or None (off: nothing imported)
+        self.access_log = access_log
+        self.tracing = tracing  # None: off, and nothing of OpenTelemetry imported
         self._bits = (rng or random.Random()).getrandbits
         self.draining = False
         self.draining_retry_after_ms = draining_retry_after_ms

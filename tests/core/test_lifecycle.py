@@ -219,3 +219,16 @@ def test_lifecycle_invariants_over_any_observation_order(obs):
         assert not lc.ready or passed_since_cold
         if lc.state is State.WARM:
             assert now >= lc.since  # warm only once the ramp has run
+
+
+@given(st.lists(st.booleans(), max_size=12), st.floats(0.0, 100.0))
+def test_a_success_with_no_failure_streak_changes_nothing(outcomes, now):
+    """What readiness's per-request shortcut relies on (proxy/runtime/readiness.py): once the streak is
+    0, a success fires nothing and leaves the lifecycle as it was."""
+    lc = warm(make(failure_streak=100))
+    for i, ok in enumerate(outcomes):
+        lc.request_result(20.0 + i, ok)
+    lc.request_result(40.0, True)  # the streak is 0 from here
+    before = lc.statistics()
+    assert lc.request_result(40.0 + now, True) == ()
+    assert lc.statistics() == before and lc.request_failures == 0
