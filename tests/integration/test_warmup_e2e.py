@@ -15,6 +15,7 @@ import os
 import shutil
 import threading
 import time
+import tomllib
 from pathlib import Path
 from typing import Self
 
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.integration
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "policies" / "warmup-example.toml"
 COLD_REQUESTS = 10
+CONCURRENCY = tomllib.loads(EXAMPLE.read_text())["warmup"]["concurrency"]  # probes in flight
 POD_FLAGS = [
     "--profile",
     "llm",
@@ -92,6 +94,12 @@ def metric(car: Proc, name: str, **labels: str) -> float:
     raise KeyError(f"{name} {labels} not exported")
 
 
+def metric_total(car: Proc, name: str) -> float:
+    """The sum of `name` over all its label values."""
+    text = httpx.get(car.url("admin") + "/metrics", timeout=5).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
 def pod_stats(pod: Proc) -> dict:
     return httpx.get(pod.url() + "/sim/stats", timeout=5).json()
 
@@ -136,9 +144,14 @@ def test_warmup_spends_the_cold_penalty_before_ready_and_rejects_until_then(tmp_
         stats = settled_pod_stats(pod)
         # The probes, not users, paid the whole cold penalty: "stable" latencies only once it was spent.
         assert stats["cold_multiplier"] == 1.0
-        assert stats["requests_executed"] >= COLD_REQUESTS + 2 * 3  # + 3 stable probes per shape
         assert stats["not_ready"] == 0  # nothing was forwarded while the pod was loading
-        assert metric(car, "rampmeter_warmup_probes_total", outcome="ok") >= COLD_REQUESTS + 2 * 3
+        # Every probe the pod ran is in the sidecar's metric, but those still in flight when the
+        # verdict came: cancelled by the sidecar, finished by the pod (at most concurrency - 1).
+        counted = metric_total(car, "rampmeter_warmup_probes_total")  # every outcome
+        assert 0 <= stats["requests_executed"] - counted <= CONCURRENCY - 1
+        # The penalty, then 3 stable probes per shape. The probe that ran beside the last cold one
+        # ran mostly warm and, on a busy machine, can count among its shape's stable three (CI saw 15).
+        assert metric(car, "rampmeter_warmup_probes_total", outcome="ok") >= COLD_REQUESTS + 2 * 3 - (CONCURRENCY - 1)
         info = lifecycle(car)
         assert info["lifecycle"]["state"] in ("ramping", "warm") and info["lifecycle"]["warmups"] == 1
         assert [s["met"] for s in info["probes"]] == [True, True]
