@@ -1,0 +1,69 @@
+"""The policy's CPU a request over the wire with two interpreters: the venv's and another venv's
+(e.g. one on Debian's PGO-built python3.11). For each repeat, protocol and interpreter, the wire
+configuration (bench.overhead --serve-wire) and the full sidecar (bench.overhead's BENCH_POLICY),
+alternated; CPU us a request from /proc under unthrottled h2load (10 clients; h1 -m1, h2c -m10).
+
+    python bench/results/2026-12-05-s32/scripts/interp.py OTHER_PYTHON [SECONDS] [REPEATS]
+"""
+import json, os, statistics, subprocess, sys, tempfile, time
+from pathlib import Path
+sys.path.insert(0, os.getcwd())
+from bench.common import Nginx, cpu_seconds
+from bench.overhead import BENCH_POLICY
+
+
+def run(python: str, config: str, proto: str, secs: int, ng, policy: Path) -> tuple[float, float]:
+    if config == "wire":
+        argv = [python, "-m", "bench.overhead", "--serve-wire", "127.0.0.1:0", ng.h1_url]
+    else:
+        argv = [python, "-m", "proxy", "serve", "--policy", str(policy), "--listen", "127.0.0.1:0",
+                "--admin", "127.0.0.1:0", "--upstream", ng.h1_url, "--log-level", "warning"]
+    w = subprocess.Popen(["taskset", "-c", "0", *argv], stdout=subprocess.PIPE, text=True)
+    try:
+        line = w.stdout.readline()
+        url = "http://" + line.split('"data": "')[1].split('"')[0] + "/"
+        p = ["--h1", "-m", "1"] if proto == "http1" else ["-m", "10"]
+        subprocess.run(["taskset", "-c", "1", "h2load", "-c10", *p, "-n", "3000", url], capture_output=True)
+        h = subprocess.Popen(["taskset", "-c", "1", "h2load", "-c10", *p, "-D", str(secs + 2), url],
+                             stdout=subprocess.PIPE, text=True)
+        time.sleep(1.0); c0, t0 = cpu_seconds(w.pid), time.time()
+        time.sleep(secs)
+        c1, t1 = cpu_seconds(w.pid), time.time()
+        o = h.communicate()[0]
+        rps = float([l for l in o.splitlines() if l.startswith("finished in")][0].split(",")[1].split()[0])
+        return rps, (c1 - c0) / (rps * (t1 - t0)) * 1e6
+    finally:
+        w.terminate(); w.wait(10)
+
+
+def main() -> None:
+    other = sys.argv[1]
+    secs = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+    reps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    pythons = {"venv": sys.executable, "other": other}
+    policy = Path(tempfile.mkdtemp()) / "p.toml"
+    policy.write_text(BENCH_POLICY)
+    ng = Nginx(cpu=1)
+    rows = []
+    try:
+        for r in range(reps):
+            for proto in ("http1", "h2c"):
+                order = list(pythons.items()) if r % 2 == 0 else list(pythons.items())[::-1]
+                for name, py in order:
+                    for config in ("wire", "full"):
+                        rps, us = run(py, config, proto, secs, ng, policy)
+                        rows.append({"repeat": r, "proto": proto, "python": name, "config": config, "rps": rps, "cpu_us": us})
+                        print(json.dumps(rows[-1]), flush=True)
+    finally:
+        ng.stop()
+    for proto in ("http1", "h2c"):
+        for name in pythons:
+            pick = lambda c: [x["cpu_us"] for x in rows if x["proto"] == proto and x["python"] == name and x["config"] == c]
+            wire, full = pick("wire"), pick("full")
+            pol = [f - w for f, w in zip(full, wire)]
+            print(f"{proto} {name}: wire {statistics.median(wire):.1f} full {statistics.median(full):.1f} "
+                  f"policy (pairwise) median {statistics.median(pol):.1f} min {min(pol):.1f} max {max(pol):.1f} us")
+
+
+if __name__ == "__main__":
+    main()
