@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import httpx
 
-from proxy.testing.procs import Proc
+from proxy.testing.procs import Proc, wait_for
 
 
 def wait_ok(url: str, timeout_s: float = 20.0) -> None:
@@ -32,6 +32,18 @@ def wait_ok(url: str, timeout_s: float = 20.0) -> None:
             last = repr(exc)
         time.sleep(0.05)
     raise TimeoutError(f"{url} not ready after {timeout_s}s: {last}")
+
+
+def wait_pod_busy(pod: Proc, timeout_s: float = 10.0) -> None:
+    """Until the pod runs or queues a request (its /sim/stats): then a request sent through a sidecar
+    is in flight there. What a test waits for before it signals the sidecar, instead of a fixed sleep
+    that a slow client start on a busy machine outlasts (the listener closed before it connected)."""
+
+    def busy() -> bool:
+        stats = httpx.get(pod.url() + "/sim/stats", timeout=5).json()
+        return bool(stats["running"] or stats["waiting"])
+
+    wait_for(busy, timeout_s=timeout_s, interval_s=0.02)
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ import time
 import httpx
 import pytest
 
-from proxy.testing.stack import sidecar, sim_pod
+from proxy.testing.stack import sidecar, sim_pod, wait_pod_busy
 from tests.security.harness import CHAT, assert_clean_log
 from tests.security.reload_helpers import BASE
 
@@ -127,7 +127,7 @@ def test_the_drain_waits_for_the_request_in_flight_then_exits_at_once(tmp_path):
 
         worker = threading.Thread(target=slow)
         worker.start()
-        time.sleep(0.5)  # the request is upstream now
+        wait_pod_busy(pod)  # the request is upstream now
         try:
             took, code = stop_timed(proc)
             exited_at = time.monotonic()

@@ -20,12 +20,11 @@ import re
 import signal
 import subprocess
 import threading
-import time
 
 import httpx
 import pytest
 
-from proxy.testing.stack import sidecar, sim_pod
+from proxy.testing.stack import sidecar, sim_pod, wait_pod_busy
 from tests.conftest import require_binary
 from tests.security.harness import assert_clean_log
 
@@ -40,14 +39,15 @@ def _chat(tokens: int) -> dict:
 
 
 @pytest.fixture
-def stack(tmp_path):
+def pod_and_stack(tmp_path):
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY)
     with sim_pod(speed=1.0) as pod, sidecar(pod.url(), policy=str(policy)) as proxy:
-        yield proxy
+        yield pod, proxy
 
 
-def test_an_in_flight_httpx_request_survives_the_drain(stack):
+def test_an_in_flight_httpx_request_survives_the_drain(pod_and_stack):
+    pod, stack = pod_and_stack
     url = stack.url("data") + "/v1/chat/completions"
     outcome: list = []
     with httpx.Client(http2=True, http1=False, timeout=10) as client:
@@ -61,7 +61,7 @@ def test_an_in_flight_httpx_request_survives_the_drain(stack):
 
         thread = threading.Thread(target=in_flight)
         thread.start()
-        time.sleep(0.15)
+        wait_pod_busy(pod)
         stack.signal(signal.SIGTERM)
         thread.join(10)
     assert outcome == [200]
@@ -69,8 +69,9 @@ def test_an_in_flight_httpx_request_survives_the_drain(stack):
     assert_clean_log(stack)
 
 
-def test_a_long_in_flight_request_survives_the_two_step_goaway(stack, tmp_path):
+def test_a_long_in_flight_request_survives_the_two_step_goaway(pod_and_stack, tmp_path):
     """Still running after the idle wait: the two-step GOAWAY, and nghttp2 keeps the stream."""
+    pod, stack = pod_and_stack
     nghttp = require_binary("nghttp")
     body = tmp_path / "chat.json"
     body.write_text(json.dumps(_chat(400)))  # ~2.5 s at speed 1: outlives the 1 s idle wait
@@ -78,7 +79,7 @@ def test_a_long_in_flight_request_survives_the_two_step_goaway(stack, tmp_path):
     proc = subprocess.Popen(
         [nghttp, "-nv", "-H", "content-type: application/json", "-d", str(body), url], stdout=subprocess.PIPE, text=True
     )
-    time.sleep(0.3)
+    wait_pod_busy(pod)
     stack.signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=15)
     assert proc.returncode == 0, out
