@@ -100,7 +100,7 @@ def tenant(name: str) -> tuple[tuple[str, str], ...]:
 
 
 def test_overload_is_unavailable_with_a_pushback(tight) -> None:
-    _, _, ch = tight
+    echo, car, ch = tight
     sleep = gs.method(ch, "Sleep")
     results: list = []
 
@@ -108,9 +108,11 @@ def test_overload_is_unavailable_with_a_pushback(tight) -> None:
         results.append(sleep(b"800", timeout=10, metadata=tenant(f"hold-{i}")))
 
     threads = [threading.Thread(target=hold, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-        time.sleep(0.15)
+    before = echo.servicer.calls
+    threads[0].start()
+    assert _eventually(lambda: echo.servicer.calls > before), "the first call holds the slot"
+    threads[1].start()
+    assert _eventually(lambda: queued(car) >= 1), "the second call waits in the queue"
     err = failure(sleep, b"800", timeout=10, metadata=tenant("third"))
     for t in threads:
         t.join()
@@ -187,6 +189,12 @@ def rejections(car, reason: str) -> float:
     return sum(float(v) for v in found)
 
 
+def queued(car) -> float:
+    """Requests waiting for admission, all classes (rampmeter_queue_depth, read at scrape)."""
+    text = httpx.get(car.url("admin") + "/metrics", timeout=5).text
+    return sum(float(v) for v in re.findall(r"^rampmeter_queue_depth{[^}]*} (\S+)$", text, re.M))
+
+
 def test_not_ready_is_unavailable_and_a_retry_policy_waits_the_pushback(tmp_path) -> None:
     with (
         gs.serve(serving=False) as echo,
@@ -261,8 +269,9 @@ def test_a_deadline_that_passes_in_the_queue_is_deadline_exceeded(tight) -> None
     echo, _, ch = tight
     sleep, unary = gs.method(ch, "Sleep"), gs.method(ch, "Unary")
     holder = threading.Thread(target=lambda: sleep(b"1500", timeout=10, metadata=tenant("expiry-hold")))
+    before = echo.servicer.calls
     holder.start()
-    time.sleep(0.2)  # the holder has the one slot
+    assert _eventually(lambda: echo.servicer.calls > before), "the holder has the one slot"
     calls = echo.servicer.calls
     started = time.monotonic()
     err = failure(unary, b"x", timeout=10, metadata=(*tenant("expiry"), ("x-request-timeout-ms", "500")))
@@ -336,7 +345,7 @@ def test_an_overload_pushback_is_honoured_by_a_retry_policy(tmp_path, reason, qu
         holders[0].start()  # one holds the slot, one waits in the queue: the next call is refused
         assert _eventually(lambda: echo.servicer.calls >= 1), "the first holder reached the servicer"
         holders[1].start()
-        time.sleep(0.3)
+        assert _eventually(lambda: queued(car) >= 1), "the second holder waits in the queue"
         before = rejections(car, reason)
         retrying = grpc.insecure_channel(
             address(car), options=[("grpc.enable_retries", 1), ("grpc.service_config", RETRYING)]
