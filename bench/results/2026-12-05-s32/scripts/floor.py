@@ -9,10 +9,12 @@ target would have to hold all of those in besides. Alternated with the wire alon
 from /proc under unthrottled h2load (10 clients; h1 -m1, h2c -m10).
 
     python bench/results/2026-12-05-s32/scripts/floor.py [SECONDS] [REPEATS]
-Child mode: floor.py --serve wire|floor ADDRESS UPSTREAM
+Child mode: floor.py --serve ADDRESS UPSTREAM (the floor configuration)
 """
-import json, os, random, statistics, subprocess, sys, time
+import json, os, random, statistics, sys
 sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import runs  # noqa: E402  (this directory's shared helpers)
 
 
 class Counter:
@@ -37,88 +39,46 @@ class Counter:
             samples.clear()  # a fold would go here
 
 
-def serve(mode: str, address: str, upstream_url: str) -> None:
+def serve(address: str, upstream_url: str) -> None:
+    """The floor configuration (module doc); the wire one is bench.overhead's own (--serve-wire)."""
     import trio
+
     from proxy.core import request_ids
-    from proxy.http import forward, heap
-    from proxy.http.pool import UpstreamPool
-    from proxy.http.server import Server
-    from proxy.metrics import Metrics
-    from proxy.policy.schema import Upstream
     from proxy.runtime.fields import Fields
-    from proxy.testing.procs import print_ready
 
     bits = random.Random().getrandbits
     limit = Counter(100000)
 
-    async def main() -> None:
-        metrics = Metrics()
-        async with UpstreamPool([Upstream(url=upstream_url)], metrics=metrics) as pool:
-            authority = pool.authority(0)
-
-            async def wire(request, sink) -> None:
-                body = await request.body.read_all()
-                headers = forward.request_headers(request, authority)
+    def make_handler(pool, authority, forward):
+        async def floor(request, sink) -> None:
+            fields = Fields.read(request.headers)
+            rid = fields.request_id or request_ids.make(bits(128))
+            request.headers.append((b"x-request-id", rid))
+            body = await request.body.read_all()
+            if not limit.admit():
+                await sink.respond(503, [(b"x-request-id", rid)], b"")
+                return
+            started = trio.current_time()
+            headers = forward.request_headers(request, authority)
+            headers.append((b"x-rampmeter-queue-ms", b"0"))
+            try:
                 async with pool.request(0, request.method, request.target, headers, body) as resp:
-                    out = forward.response_headers(resp.headers, resp.http_version)
-                    await sink.respond(resp.status, out, await resp.read())
+                    data = await resp.read()
+            finally:  # released once the upstream's part is over, before the write (as the sidecar does)
+                limit.release(trio.current_time() - started)
+            out = forward.response_headers(resp.headers, resp.http_version)
+            out.append((b"x-request-id", rid))
+            out.append((b"x-rampmeter-class", b"interactive"))
+            await sink.respond(resp.status, out, data)
 
-            async def floor(request, sink) -> None:
-                fields = Fields.read(request.headers)
-                rid = fields.request_id or request_ids.make(bits(128))
-                request.headers.append((b"x-request-id", rid))
-                body = await request.body.read_all()
-                if not limit.admit():
-                    await sink.respond(503, [(b"x-request-id", rid)], b"")
-                    return
-                started = trio.current_time()
-                headers = forward.request_headers(request, authority)
-                headers.append((b"x-rampmeter-queue-ms", b"0"))
-                try:
-                    async with pool.request(0, request.method, request.target, headers, body) as resp:
-                        data = await resp.read()
-                        limit.release(trio.current_time() - started)
-                        out = forward.response_headers(resp.headers, resp.http_version)
-                        out.append((b"x-request-id", rid))
-                        out.append((b"x-rampmeter-class", b"interactive"))
-                        await sink.respond(resp.status, out, data)
-                except BaseException:
-                    if limit.used > 0:
-                        limit.used -= 1
-                    raise
+        return floor
 
-            handler = wire if mode == "wire" else floor
-            async with trio.open_nursery() as nursery:
-                bound = await nursery.start(Server(handler, metrics=metrics).serve, address)
-                heap.settle()
-                print_ready({"data": bound})
-
-    trio.run(main)
-
-
-def measure(mode: str, proto: str, secs: int, ng) -> tuple[float, float]:
-    from bench.common import cpu_seconds
-    p = ["--h1", "-m", "1"] if proto == "http1" else ["-m", "10"]
-    w = subprocess.Popen(["taskset", "-c", "0", sys.executable, __file__, "--serve", mode, "127.0.0.1:0", ng.h1_url],
-                         stdout=subprocess.PIPE, text=True)
-    try:
-        line = w.stdout.readline()
-        url = "http://" + line.split('"data": "')[1].split('"')[0] + "/"
-        subprocess.run(["taskset", "-c", "1", "h2load", "-c10", *p, "-n", "3000", url], capture_output=True)
-        h = subprocess.Popen(["taskset", "-c", "1", "h2load", "-c10", *p, "-D", str(secs + 2), url], stdout=subprocess.PIPE, text=True)
-        time.sleep(1.0); c0, t0 = cpu_seconds(w.pid), time.time()
-        time.sleep(secs)
-        c1, t1 = cpu_seconds(w.pid), time.time()
-        o = h.communicate()[0]
-        rps = float([l for l in o.splitlines() if l.startswith("finished in")][0].split(",")[1].split()[0])
-        return rps, (c1 - c0) / (rps * (t1 - t0)) * 1e6
-    finally:
-        w.terminate(); w.wait(10)
+    runs.serve(address, upstream_url, make_handler)
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--serve"]:
-        serve(sys.argv[2], sys.argv[3], sys.argv[4]); return
+        serve(sys.argv[2], sys.argv[3]); return
     from bench.common import Nginx
     secs = int(sys.argv[1]) if len(sys.argv) > 1 else 8
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 4
@@ -128,7 +88,11 @@ def main() -> None:
         for r in range(reps):
             for proto in ("http1", "h2c"):
                 for mode in (("wire", "floor") if r % 2 == 0 else ("floor", "wire")):
-                    rps, us = measure(mode, proto, secs, ng)
+                    argv = {
+                        "wire": [sys.executable, "-m", "bench.overhead", "--serve-wire", "127.0.0.1:0", ng.h1_url],
+                        "floor": [sys.executable, __file__, "--serve", "127.0.0.1:0", ng.h1_url],
+                    }[mode]
+                    rps, us = runs.cpu_per_request(argv, proto, secs)
                     rows.append({"repeat": r, "proto": proto, "mode": mode, "rps": rps, "cpu_us": us})
                     print(json.dumps(rows[-1]), flush=True)
     finally:

@@ -5,35 +5,20 @@ alternated; CPU us a request from /proc under unthrottled h2load (10 clients; h1
 
     python bench/results/2026-12-05-s32/scripts/interp.py OTHER_PYTHON [SECONDS] [REPEATS]
 """
-import json, os, statistics, subprocess, sys, tempfile, time
+import json, os, statistics, sys, tempfile
 from pathlib import Path
 sys.path.insert(0, os.getcwd())
-from bench.common import Nginx, cpu_seconds
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import runs  # noqa: E402  (this directory's shared helpers)
+from bench.common import Nginx  # noqa: E402
 from bench.overhead import BENCH_POLICY
 
 
-def run(python: str, config: str, proto: str, secs: int, ng, policy: Path) -> tuple[float, float]:
+def argv_for(python: str, config: str, ng, policy: Path) -> list[str]:
     if config == "wire":
-        argv = [python, "-m", "bench.overhead", "--serve-wire", "127.0.0.1:0", ng.h1_url]
-    else:
-        argv = [python, "-m", "proxy", "serve", "--policy", str(policy), "--listen", "127.0.0.1:0",
-                "--admin", "127.0.0.1:0", "--upstream", ng.h1_url, "--log-level", "warning"]
-    w = subprocess.Popen(["taskset", "-c", "0", *argv], stdout=subprocess.PIPE, text=True)
-    try:
-        line = w.stdout.readline()
-        url = "http://" + line.split('"data": "')[1].split('"')[0] + "/"
-        p = ["--h1", "-m", "1"] if proto == "http1" else ["-m", "10"]
-        subprocess.run(["taskset", "-c", "1", "h2load", "-c10", *p, "-n", "3000", url], capture_output=True)
-        h = subprocess.Popen(["taskset", "-c", "1", "h2load", "-c10", *p, "-D", str(secs + 2), url],
-                             stdout=subprocess.PIPE, text=True)
-        time.sleep(1.0); c0, t0 = cpu_seconds(w.pid), time.time()
-        time.sleep(secs)
-        c1, t1 = cpu_seconds(w.pid), time.time()
-        o = h.communicate()[0]
-        rps = float([l for l in o.splitlines() if l.startswith("finished in")][0].split(",")[1].split()[0])
-        return rps, (c1 - c0) / (rps * (t1 - t0)) * 1e6
-    finally:
-        w.terminate(); w.wait(10)
+        return [python, "-m", "bench.overhead", "--serve-wire", "127.0.0.1:0", ng.h1_url]
+    return [python, "-m", "proxy", "serve", "--policy", str(policy), "--listen", "127.0.0.1:0",
+            "--admin", "127.0.0.1:0", "--upstream", ng.h1_url, "--log-level", "warning"]
 
 
 def main() -> None:
@@ -51,7 +36,7 @@ def main() -> None:
                 order = list(pythons.items()) if r % 2 == 0 else list(pythons.items())[::-1]
                 for name, py in order:
                     for config in ("wire", "full"):
-                        rps, us = run(py, config, proto, secs, ng, policy)
+                        rps, us = runs.cpu_per_request(argv_for(py, config, ng, policy), proto, secs)
                         rows.append({"repeat": r, "proto": proto, "python": name, "config": config, "rps": rps, "cpu_us": us})
                         print(json.dumps(rows[-1]), flush=True)
     finally:

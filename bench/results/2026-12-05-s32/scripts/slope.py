@@ -6,8 +6,10 @@ server process from /proc under unthrottled h2load (10 clients), HTTP/1.1 and h2
     python bench/results/2026-12-05-s32/scripts/slope.py [SECONDS] [PAIRS]
 Child mode: slope.py --serve K ADDRESS UPSTREAM
 """
-import os, subprocess, sys, time, json, statistics
+import json, os, statistics, sys
 sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import runs  # noqa: E402  (this directory's shared helpers)
 
 
 def make_steps(k: int):
@@ -33,64 +35,29 @@ class State:
 
 
 def serve(k: int, address: str, upstream_url: str) -> None:
-    import trio
-    from functools import partial
-    from proxy.http import forward, heap
-    from proxy.http.pool import UpstreamPool
-    from proxy.http.server import Server
-    from proxy.metrics import Metrics
-    from proxy.policy.schema import Upstream
-    from proxy.testing.procs import print_ready
-
+    """The wire configuration's relay (bench.overhead.serve_wire), with the K calls first."""
     steps, st, d = make_steps(k), State(), {i: i for i in range(7)}
 
-    async def main() -> None:
-        metrics = Metrics()
-        async with UpstreamPool([Upstream(url=upstream_url)], metrics=metrics) as pool:
-            authority = pool.authority(0)
+    def make_handler(pool, authority, forward):
+        async def relay(request, sink) -> None:
+            for f in steps:
+                f(st, d)
+            body = await request.body.read_all()
+            headers = forward.request_headers(request, authority)
+            async with pool.request(0, request.method, request.target, headers, body) as resp:
+                out = forward.response_headers(resp.headers, resp.http_version)
+                await sink.respond(resp.status, out, await resp.read())
 
-            async def relay(request, sink) -> None:
-                for f in steps:
-                    f(st, d)
-                body = await request.body.read_all()
-                headers = forward.request_headers(request, authority)
-                async with pool.request(0, request.method, request.target, headers, body) as resp:
-                    out = forward.response_headers(resp.headers, resp.http_version)
-                    await sink.respond(resp.status, out, await resp.read())
+        return relay
 
-            async with trio.open_nursery() as nursery:
-                bound = await nursery.start(Server(relay, metrics=metrics).serve, address)
-                heap.settle()
-                print_ready({"data": bound})
-
-    trio.run(main)
-
-
-def measure(k: int, proto: str, secs: float, ng) -> tuple[float, float]:
-    from bench.common import cpu_seconds
-    p = ["--h1", "-m", "1"] if proto == "http1" else ["-m", "10"]
-    w = subprocess.Popen(["taskset", "-c", "0", sys.executable, __file__, "--serve", str(k), "127.0.0.1:0", ng.h1_url],
-                         stdout=subprocess.PIPE, text=True)
-    try:
-        line = w.stdout.readline()
-        url = "http://" + line.split('"data": "')[1].split('"')[0] + "/"
-        subprocess.run(["taskset", "-c", "1", "h2load", "-c10", *p, "-n", "3000", url], capture_output=True)
-        h = subprocess.Popen(["taskset", "-c", "1", "h2load", "-c10", *p, "-D", str(int(secs) + 2), url], stdout=subprocess.PIPE, text=True)
-        time.sleep(1.0); c0, t0 = cpu_seconds(w.pid), time.time()
-        time.sleep(secs)
-        c1, t1 = cpu_seconds(w.pid), time.time()
-        o = h.communicate()[0]
-        rps = float([l for l in o.splitlines() if l.startswith("finished in")][0].split(",")[1].split()[0])
-        return rps, (c1 - c0) / (rps * (t1 - t0)) * 1e6
-    finally:
-        w.terminate(); w.wait(10)
+    runs.serve(address, upstream_url, make_handler)
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--serve"]:
         serve(int(sys.argv[2]), sys.argv[3], sys.argv[4]); return
     from bench.common import Nginx
-    secs = float(sys.argv[1]) if len(sys.argv) > 1 else 8
+    secs = int(sys.argv[1]) if len(sys.argv) > 1 else 8
     pairs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     ng = Nginx(cpu=1)
     ks = (0, 50, 100, 200)
@@ -99,7 +66,8 @@ def main() -> None:
         for r in range(pairs):
             for proto in ("http1", "h2c"):
                 for k in (ks if r % 2 == 0 else ks[::-1]):
-                    rps, us = measure(k, proto, secs, ng)
+                    argv = [sys.executable, __file__, "--serve", str(k), "127.0.0.1:0", ng.h1_url]
+                    rps, us = runs.cpu_per_request(argv, proto, secs)
                     rows.append({"repeat": r, "proto": proto, "k": k, "rps": rps, "cpu_us": us})
                     print(json.dumps(rows[-1]), flush=True)
     finally:
