@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 from bench.stalls import CpuStalls, worst
+from proxy.testing.procs import wait_for
 
 
 def _wait_for_rows(meter: CpuStalls, cpu: int, timeout_s: float = 5.0) -> list[dict]:
@@ -23,9 +25,23 @@ def _wait_for_rows(meter: CpuStalls, cpu: int, timeout_s: float = 5.0) -> list[d
     return []
 
 
+def _wait_started(meter: CpuStalls, cpu: int) -> None:
+    """Until the sleeper runs its loop: its output file opened and its affinity set, the last steps
+    before the loop (a fixed sleep stood for this, and a slow start on a loaded machine left the
+    SIGSTOP landing before the loop, so no stall was measured)."""
+    pid = meter.procs[0].pid
+
+    def pinned() -> bool:
+        status = Path(f"/proc/{pid}/status").read_text()
+        return (meter.dir / f"cpu{cpu}.jsonl").exists() and f"Cpus_allowed_list:\t{cpu}\n" in status
+
+    wait_for(pinned, timeout_s=10, interval_s=0.01)
+    time.sleep(0.05)  # the loop's set-up after that: a few function definitions
+
+
 def test_a_sleeper_kept_off_its_cpu_reports_the_stall():
     with CpuStalls([0]) as meter:
-        time.sleep(0.3)  # started: its sleeps run
+        _wait_started(meter, 0)
         t0 = time.monotonic()
         meter.procs[0].send_signal(signal.SIGSTOP)
         time.sleep(0.25)

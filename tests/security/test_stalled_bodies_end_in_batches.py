@@ -16,6 +16,7 @@ import gc
 import socket
 
 import trio
+import trio.testing
 from hyperframe.frame import HeadersFrame
 
 from proxy.http.h1server import PREFACE
@@ -89,7 +90,8 @@ async def test_idle_h2_connections_dropped_at_once_end_in_bounded_batches():
                 connect_sending(sockets, address, HELD, PREFACE + SETTINGS)
                 while server.statistics().connections_h2 < HELD:
                     await trio.sleep(0.01)
-                await trio.sleep(0.2)  # each one read the preface, answered, and waits for its first request
+                # each one read the preface, answered, and waits for its first request: until nothing runs
+                await trio.testing.wait_all_tasks_blocked(cushion=0.05)
                 trio.lowlevel.add_instrument(passes)
                 for sock in sockets:
                     sock.close()
@@ -116,7 +118,8 @@ async def test_h2_connections_idle_after_their_streams_dropped_at_once_end_in_bo
                 connect_sending(sockets, address, HELD, PREFACE + SETTINGS + REQUEST)
                 while server.statistics().requests_total < HELD:
                     await trio.sleep(0.01)
-                await trio.sleep(0.2)  # every stream answered and done; the connections idle
+                # every stream answered and done, the connections idle: until nothing runs
+                await trio.testing.wait_all_tasks_blocked(cushion=0.05)
                 trio.lowlevel.add_instrument(passes)
                 for sock in sockets:
                     sock.close()
