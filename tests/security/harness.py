@@ -59,6 +59,10 @@ class Stack:
     def pid(self) -> int:
         return self.sidecar.popen.pid
 
+    def server_stats(self) -> dict:
+        """The data server's section of the sidecar's /admin/stats (connections, requests in flight)."""
+        return httpx.get(self.admin + "/admin/stats", timeout=5).json()["server"]
+
 
 @contextlib.contextmanager
 def attacked_stack(

@@ -17,7 +17,6 @@ import socket
 import threading
 import time
 
-import httpx
 import pytest
 import trio
 
@@ -81,7 +80,7 @@ def test_newcomers_wait_at_the_floor_rate_while_established_work_keeps_the_loop_
             sender.join(30)
             reader.join(30)
             busy.close()
-            stats = httpx.get(stack.admin + "/admin/stats", timeout=5).json()["server"]
+            stats = stack.server_stats()
         report = bystander.report()
         assert len(pipelined) > 1 and done.is_set()
         assert len(newcomers) == NEWCOMERS, f"{len(newcomers)} of {NEWCOMERS} newcomers answered"

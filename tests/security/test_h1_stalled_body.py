@@ -14,7 +14,6 @@ import json
 import socket
 import time
 
-import httpx
 import pytest
 
 from proxy.testing.procs import wait_for
@@ -111,11 +110,8 @@ def test_a_stalled_body_is_read_by_its_connection_not_by_a_running_request():
 
             # Each one accepted and its head read (past detection), its body waited for; waited for, not
             # slept on (a late accept on a loaded machine), and well inside the bodies' 1.5 s deadline.
-            def server() -> dict:
-                return httpx.get(stack.admin + "/admin/stats", timeout=5).json()["server"]
-
-            wait_for(lambda: server()["connections_http1"] >= stalled, timeout_s=1.0, interval_s=0.02)
-            stats = server()
+            wait_for(lambda: stack.server_stats()["connections_http1"] >= stalled, timeout_s=1.0, interval_s=0.02)
+            stats = stack.server_stats()
             assert stats["connections_http1"] >= stalled, stats
             assert stats["requests_in_flight"] == 0, stats
             for sock in socks:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import socket
 import time
 
-import httpx
 import pytest
 
 from tests.security.harness import Bystander, assert_clean_log, attacked_stack
@@ -44,10 +43,6 @@ def _pipeline_and_never_read(stack) -> socket.socket:
     return sock
 
 
-def _open_http1(stack) -> int:
-    return httpx.get(stack.admin + "/admin/stats", timeout=5).json()["server"]["connections_http1"]
-
-
 def test_a_client_that_never_reads_the_sidecars_own_answers_loses_its_connection(tmp_path):
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY)
@@ -57,7 +52,7 @@ def test_a_client_that_never_reads_the_sidecars_own_answers_loses_its_connection
             # Each stuck write ends after send_timeout_s and its connection is closed: waited for on the
             # sidecar's count (the attackers are its only data connections), not slept on.
             give_up = time.monotonic() + SEND_TIMEOUT_S + 10.0
-            while _open_http1(stack) and time.monotonic() < give_up:
+            while stack.server_stats()["connections_http1"] and time.monotonic() < give_up:
                 time.sleep(0.1)
             closed = 0
             for sock in attackers:
