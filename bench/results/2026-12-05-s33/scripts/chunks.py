@@ -2,6 +2,7 @@
 chunks named on the command line at their floors (stubs.py); the drop from `base` is what they cost.
 
     REPS=5 python bench/results/2026-12-05-s33/scripts/chunks.py [classify] [admit] [observe] [notes] [ready]
+    REPS=7 python bench/results/2026-12-05-s33/scripts/chunks.py [inst] [load] [gate] [svc] [fold]  (admission's parts)
     PROF=FILE ... : a cProfile of the full path instead (FILE.1.1, FILE.2)
 """
 import os

@@ -8,10 +8,17 @@ by the least that keeps a request going, so the CPU it no longer takes is what t
 - observe: the observatory records nothing and its timeout hint is the first one per key;
 - notes: the edge's per-request record (note_ticket / note_admitted / note_service) left empty;
 - ready: readiness hears no results;
-- nogc: the cyclic collector off (reference counting still frees).
+- nogc: the cyclic collector off (reference counting still frees);
+admission's parts, one at a time (its common case otherwise as built):
+- inst: the admission metrics (_Instruments.admitted / released) do nothing;
+- load: the load estimator's per-request accepted / released do nothing;
+- gate: the arrival gate's quiet pass always passes and its CoDel dequeue does nothing;
+- svc: service_ms is the ticket's expected time (no p99 read, no censored floor);
+- fold: samples are dropped unlearned.
 Measuring aids only, never a configuration: a stubbed sidecar admits everything."""
 import itertools
 from proxy.core.decisions import Lease, Ticket
+from proxy.core import admission, arrival, load
 from proxy.runtime import edge, observe, readiness, request_path, scheduler
 
 
@@ -52,3 +59,16 @@ def apply(v):
     if "nogc" in v:  # no cyclic collector passes at all (reference counting still frees)
         import gc
         gc.disable()
+    if "inst" in v:
+        scheduler._Instruments.released = lambda *a, **k: None
+        scheduler._Instruments.admitted = lambda *a, **k: None
+    if "load" in v:
+        load.LoadEstimator.accepted = lambda *a, **k: None
+        load.LoadEstimator.released = lambda *a, **k: None
+    if "gate" in v:
+        arrival.ArrivalGate.passes_at_once = lambda *a, **k: True
+        arrival.ArrivalGate.dequeued = lambda *a, **k: None
+    if "svc" in v:
+        admission.AdmissionController.service_ms = lambda self, t, now: t.expected_ms
+    if "fold" in v:
+        admission.AdmissionController._fold = lambda self, learn_last=False: self._samples.clear()
