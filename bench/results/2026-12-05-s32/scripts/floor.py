@@ -11,7 +11,7 @@ from /proc under unthrottled h2load (10 clients; h1 -m1, h2c -m10).
     python bench/results/2026-12-05-s32/scripts/floor.py [SECONDS] [REPEATS]
 Child mode: floor.py --serve ADDRESS UPSTREAM (the floor configuration)
 """
-import json, os, random, statistics, sys
+import os, random, sys
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import runs  # noqa: E402  (this directory's shared helpers)
@@ -92,17 +92,12 @@ def main() -> None:
                         "wire": [sys.executable, "-m", "bench.overhead", "--serve-wire", "127.0.0.1:0", ng.h1_url],
                         "floor": [sys.executable, __file__, "--serve", "127.0.0.1:0", ng.h1_url],
                     }[mode]
-                    rps, us = runs.cpu_per_request(argv, proto, secs)
-                    rows.append({"repeat": r, "proto": proto, "mode": mode, "rps": rps, "cpu_us": us})
-                    print(json.dumps(rows[-1]), flush=True)
+                    runs.record(rows, argv, proto, secs, repeat=r, mode=mode)
     finally:
         ng.stop()
     for proto in ("http1", "h2c"):
         pick = lambda m: [x["cpu_us"] for x in rows if x["proto"] == proto and x["mode"] == m]
-        wire, floor = pick("wire"), pick("floor")
-        d = [f - w for f, w in zip(floor, wire)]
-        print(f"{proto}: wire {statistics.median(wire):.1f} floor {statistics.median(floor):.1f} us; "
-              f"floor - wire (pairwise) median {statistics.median(d):.1f} min {min(d):.1f} max {max(d):.1f} us")
+        print(f"{proto}: wire -> floor {runs.pairwise(pick('wire'), pick('floor'))}")
 
 
 if __name__ == "__main__":

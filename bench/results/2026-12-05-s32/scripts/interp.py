@@ -5,7 +5,7 @@ alternated; CPU us a request from /proc under unthrottled h2load (10 clients; h1
 
     python bench/results/2026-12-05-s32/scripts/interp.py OTHER_PYTHON [SECONDS] [REPEATS]
 """
-import json, os, statistics, sys, tempfile
+import os, sys, tempfile
 from pathlib import Path
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -36,18 +36,13 @@ def main() -> None:
                 order = list(pythons.items()) if r % 2 == 0 else list(pythons.items())[::-1]
                 for name, py in order:
                     for config in ("wire", "full"):
-                        rps, us = runs.cpu_per_request(argv_for(py, config, ng, policy), proto, secs)
-                        rows.append({"repeat": r, "proto": proto, "python": name, "config": config, "rps": rps, "cpu_us": us})
-                        print(json.dumps(rows[-1]), flush=True)
+                        runs.record(rows, argv_for(py, config, ng, policy), proto, secs, repeat=r, python=name, config=config)
     finally:
         ng.stop()
     for proto in ("http1", "h2c"):
         for name in pythons:
             pick = lambda c: [x["cpu_us"] for x in rows if x["proto"] == proto and x["python"] == name and x["config"] == c]
-            wire, full = pick("wire"), pick("full")
-            pol = [f - w for f, w in zip(full, wire)]
-            print(f"{proto} {name}: wire {statistics.median(wire):.1f} full {statistics.median(full):.1f} "
-                  f"policy (pairwise) median {statistics.median(pol):.1f} min {min(pol):.1f} max {max(pol):.1f} us")
+            print(f"{proto} {name}: wire -> full (the policy) {runs.pairwise(pick('wire'), pick('full'))}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,12 @@ built from bench.overhead's wire configuration with a handler of one's own.
 
 `cpu_per_request(argv, proto, secs)`: start `argv` on CPU 0 (it prints the ready line with its data
 address), 3,000 warm-up requests, then unthrottled h2load (10 clients; HTTP/1.1 `--h1 -m1`, h2c `-m10`)
-on CPU 1 for `secs`: (req/s, CPU us a request of the server from /proc).
+on CPU 1 for `secs`: (req/s, CPU us a request of the server from /proc). `record(rows, argv, proto, secs,
+**labels)`: that, appended to `rows` with its labels and printed as a JSON line. `pairwise(xs, ys)`: the
+medians of two alternated series and of their pairwise differences (min and max too), as one line.
 """
+import json
+import statistics
 import subprocess
 import time
 
@@ -31,6 +35,19 @@ def cpu_per_request(argv: list[str], proto: str, secs: int) -> tuple[float, floa
     finally:
         w.terminate()
         w.wait(10)
+
+
+def record(rows: list[dict], argv: list[str], proto: str, secs: int, **labels: object) -> None:
+    rps, us = cpu_per_request(argv, proto, secs)
+    rows.append({**labels, "proto": proto, "rps": rps, "cpu_us": us})
+    print(json.dumps(rows[-1]), flush=True)
+
+
+def pairwise(xs: list[float], ys: list[float]) -> str:
+    """`ys - xs`, pair by pair (each pair from one repeat), with both medians."""
+    d = [y - x for x, y in zip(xs, ys)]
+    return (f"{statistics.median(xs):.1f} -> {statistics.median(ys):.1f} us; difference (pairwise) median "
+            f"{statistics.median(d):.1f} min {min(d):.1f} max {max(d):.1f} us")
 
 
 def serve(address: str, upstream_url: str, make_handler) -> None:

@@ -6,7 +6,7 @@ server process from /proc under unthrottled h2load (10 clients), HTTP/1.1 and h2
     python bench/results/2026-12-05-s32/scripts/slope.py [SECONDS] [PAIRS]
 Child mode: slope.py --serve K ADDRESS UPSTREAM
 """
-import json, os, statistics, sys
+import os, statistics, sys
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import runs  # noqa: E402  (this directory's shared helpers)
@@ -67,9 +67,7 @@ def main() -> None:
             for proto in ("http1", "h2c"):
                 for k in (ks if r % 2 == 0 else ks[::-1]):
                     argv = [sys.executable, __file__, "--serve", str(k), "127.0.0.1:0", ng.h1_url]
-                    rps, us = runs.cpu_per_request(argv, proto, secs)
-                    rows.append({"repeat": r, "proto": proto, "k": k, "rps": rps, "cpu_us": us})
-                    print(json.dumps(rows[-1]), flush=True)
+                    runs.record(rows, argv, proto, secs, repeat=r, k=k)
     finally:
         ng.stop()
     for proto in ("http1", "h2c"):

@@ -9,9 +9,7 @@
         wire and full, each with and without the cyclic collector (HTTP/1.1 only).
 Each figure `full - wire` is paired within a repeat; medians, min and max over the repeats.
 """
-import json
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -50,17 +48,13 @@ def main() -> None:
                 for name in list(configs) if r % 2 == 0 else list(configs)[::-1]:
                     argv, ablate = configs[name]
                     os.environ["ABLATE"] = ablate
-                    rps, us = runs.cpu_per_request(argv, proto, secs)
-                    rows.append({"repeat": r, "proto": proto, "config": name, "rps": rps, "cpu_us": us})
-                    print(json.dumps(rows[-1]), flush=True)
+                    runs.record(rows, argv, proto, secs, repeat=r, config=name)
     finally:
         ng.stop()
     for proto in protos:
         pick = lambda c: [x["cpu_us"] for x in rows if x["proto"] == proto and x["config"] == c]  # noqa: E731
         for c, base in pairs:
-            pol = [f - w for f, w in zip(pick(c), pick(base))]
-            print(f"{proto} {c}: {statistics.median(pick(c)):.1f} us a request ({base} {statistics.median(pick(base)):.1f}); "
-                  f"{c} - {base} (pairwise) median {statistics.median(pol):.1f} min {min(pol):.1f} max {max(pol):.1f}")
+            print(f"{proto} {base} -> {c}: {runs.pairwise(pick(base), pick(c))}")
 
 
 if __name__ == "__main__":
