@@ -183,16 +183,19 @@ RETRYING = json.dumps(
 )
 
 
-def rejections(car, reason: str) -> float:
+def summed(car, name: str, label: str = "") -> float:
+    """`name`'s samples on the sidecar's /metrics, summed over those whose labels include `label`."""
     text = httpx.get(car.url("admin") + "/metrics", timeout=5).text
-    found = re.findall(rf'^rampmeter_rejections_total{{[^}}]*reason="{reason}"[^}}]*}} (\S+)$', text, re.M)
-    return sum(float(v) for v in found)
+    return sum(float(v) for v in re.findall(rf"^{name}{{[^}}]*{label}[^}}]*}} (\S+)$", text, re.M))
+
+
+def rejections(car, reason: str) -> float:
+    return summed(car, "rampmeter_rejections_total", f'reason="{reason}"')
 
 
 def queued(car) -> float:
     """Requests waiting for admission, all classes (rampmeter_queue_depth, read at scrape)."""
-    text = httpx.get(car.url("admin") + "/metrics", timeout=5).text
-    return sum(float(v) for v in re.findall(r"^rampmeter_queue_depth{[^}]*} (\S+)$", text, re.M))
+    return summed(car, "rampmeter_queue_depth")
 
 
 def test_not_ready_is_unavailable_and_a_retry_policy_waits_the_pushback(tmp_path) -> None:
